@@ -1,0 +1,28 @@
+//! GPU kernels written in Rust.
+//!
+//! Built two ways from the same source:
+//! - for `nvptx64-nvidia-cuda` (driven by `host/build.rs`), where the crate is
+//!   `no_std` and [`kernels`] exports `extern "ptx-kernel"` entry points;
+//! - for the host, as an ordinary crate, where the per-element bodies in
+//!   [`elementwise`] and the per-thread bodies in [`thread`] are what the CPU
+//!   backend runs and what the tests check.
+//!
+//! Entry points are a few lines: read the thread's global index and the grid
+//! stride, then call the per-thread body from [`thread`], which is plain Rust
+//! over raw pointers and is tested on the host by simulating a grid.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, core_float_math)
+)]
+
+pub mod elementwise;
+pub mod thread;
+
+#[cfg(target_arch = "nvptx64")]
+mod device;
+#[cfg(target_arch = "nvptx64")]
+pub mod kernels;
+
+/// Names of the kernel entry points, as they appear in the PTX (`.entry`).
+pub const KERNEL_NAMES: [&str; 5] = ["scale", "saxpy", "intensity", "gate_wait", "trap"];
