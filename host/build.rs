@@ -102,7 +102,41 @@ fn run() -> Result<(), String> {
         println!("cargo:rerun-if-changed={}", source.display());
     }
     println!("cargo:rustc-env=KERNEL_ARCH={arch}");
+    println!(
+        "cargo:rustc-env=HOST_GIT_COMMIT={}",
+        git_commit(&manifest_dir)
+    );
     Ok(())
+}
+
+/// `git describe`-style commit of the source tree, for results files.
+fn git_commit(dir: &Path) -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(top) = git(&["rev-parse", "--git-dir"]) {
+        let top = dir.join(top);
+        println!("cargo:rerun-if-changed={}", top.join("HEAD").display());
+        println!("cargo:rerun-if-changed={}", top.join("index").display());
+    }
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(c) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{c}-dirty")
+            } else {
+                c
+            }
+        }
+        None => "unknown".into(),
+    }
 }
 
 /// The kernel crate's own sources, from the nested build's dep-info file.

@@ -4,7 +4,7 @@
 //! Work is split into a scalar head up to the first 16-byte boundary, a body of
 //! 16-byte vectors walked by a grid-stride loop, and a scalar tail, so any `n`
 //! and any start address inside a buffer give the right result. Threads
-//! `0..head` and `0..tail` take the scalar elements.
+//! `0..head` and `0..tail` take the scalar elements (grid-stride as well).
 //!
 //! These are plain Rust: the nvptx entry points call them with the hardware
 //! indices, and the host tests call them for every `gid` of a simulated grid.
@@ -24,15 +24,22 @@ pub unsafe fn map_in_place(
     n: usize,
     gid: usize,
     stride: usize,
-    f: impl Fn(f32) -> f32,
+    f: impl Fn(f32) -> f32 + Copy,
 ) {
     let split = Split::new(x as usize, n);
-    if gid < split.head {
-        // SAFETY: gid < head <= n, so the element is inside the buffer.
+    let scalar = |i: usize| {
+        // SAFETY: callers pass i < n: the element is inside the buffer.
         unsafe {
-            let p = x.add(gid);
+            let p = x.add(i);
             p.write(f(p.read()));
         }
+    };
+    // Head and tail have at most 3 elements; the loops only matter for grids
+    // of fewer than 3 threads.
+    let mut i = gid;
+    while i < split.head {
+        scalar(i);
+        i += stride;
     }
     // SAFETY: head <= n; the body starts on a 16-byte boundary by construction.
     let body = unsafe { x.add(split.head) }.cast::<F32x4>();
@@ -41,16 +48,14 @@ pub unsafe fn map_in_place(
         // SAFETY: i < vectors, so the 4 floats lie inside the buffer, aligned to 16.
         unsafe {
             let p = body.add(i);
-            p.write(p.read().map(&f));
+            p.write(p.read().map(f));
         }
         i += stride;
     }
-    if gid < split.tail {
-        // SAFETY: tail_start + gid < tail_start + tail = n.
-        unsafe {
-            let p = x.add(split.tail_start() + gid);
-            p.write(f(p.read()));
-        }
+    let mut i = gid;
+    while i < split.tail {
+        scalar(split.tail_start() + i);
+        i += stride;
     }
 }
 
@@ -104,8 +109,10 @@ pub unsafe fn saxpy(a: f32, x: *const f32, y: *mut f32, n: usize, gid: usize, st
                 .write(elementwise::saxpy(a, x.add(i).read(), y.add(i).read()))
         }
     };
-    if gid < split.head {
-        scalar(gid);
+    let mut i = gid;
+    while i < split.head {
+        scalar(i);
+        i += stride;
     }
     // SAFETY: head <= n; x and y share their alignment modulo 16, so both bodies are aligned.
     let (xb, yb) = unsafe {
@@ -123,7 +130,9 @@ pub unsafe fn saxpy(a: f32, x: *const f32, y: *mut f32, n: usize, gid: usize, st
         }
         i += stride;
     }
-    if gid < split.tail {
-        scalar(split.tail_start() + gid);
+    let mut i = gid;
+    while i < split.tail {
+        scalar(split.tail_start() + i);
+        i += stride;
     }
 }

@@ -1,0 +1,159 @@
+//! The one interface both backends implement: raw memory, streams, events and
+//! launches over byte addresses. The safe types (`PinnedBuffer`,
+//! `DeviceBuffer`, `Stream`, ...) are built on it, so everything works the same
+//! on the CUDA driver and on the CPU emulation.
+//!
+//! Device addresses are `u64` on both backends (on the CPU, a host address).
+
+use crate::completion::Completion;
+use crate::error::Result;
+use crate::kernel::KernelCall;
+use std::time::Instant;
+
+/// Which backend runs the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The CUDA driver (through cudarc, loaded at run time).
+    Cuda,
+    /// The CPU emulation: locked host memory, worker-thread streams.
+    Cpu,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Cpu => "cpu-emulation",
+        })
+    }
+}
+
+/// Host allocation flags (driver semantics; the CPU backend records them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+pub struct HostFlags {
+    /// Pinned for every context, not only the allocating one (default: on).
+    pub portable: bool,
+    /// Write-combined: faster host writes and PCIe reads by the GPU, but CPU
+    /// reads are uncached and very slow. Only for buffers the CPU only writes.
+    pub write_combined: bool,
+    /// Mapped into the device address space: kernels can read and write it
+    /// over PCIe (zero-copy). Costs nothing to set on 64-bit unified addressing.
+    pub device_mapped: bool,
+}
+
+impl HostFlags {
+    /// Portable, cached, not mapped: right for staging buffers.
+    pub const DEFAULT: HostFlags = HostFlags {
+        portable: true,
+        write_combined: false,
+        device_mapped: false,
+    };
+}
+
+/// A raw host allocation made by a backend.
+#[derive(Debug)]
+pub(crate) struct HostAlloc {
+    pub ptr: *mut u8,
+    pub bytes: usize,
+    /// False when the CPU backend fell back to unlocked memory.
+    pub locked: bool,
+}
+
+/// Device-info shown in banners and results.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Backend kind.
+    pub backend: BackendKind,
+    /// GPU name, or a CPU description.
+    pub name: String,
+    /// Driver version (`13.0`), or `None` on the CPU backend.
+    pub driver: Option<String>,
+    /// Multiprocessors (GPU) or worker threads (CPU).
+    pub compute_units: u32,
+    /// Device memory in bytes (CPU backend: physical memory).
+    pub total_memory: u64,
+    /// Device ordinal.
+    pub ordinal: usize,
+}
+
+/// Timing and completion of a recorded point in a stream.
+pub(crate) struct RawEvent {
+    pub completion: Completion,
+    pub timer: Timer,
+}
+
+/// What measures elapsed time between two recorded points.
+#[derive(Clone)]
+pub(crate) enum Timer {
+    /// A CUDA event created with timing enabled.
+    Cuda(std::sync::Arc<crate::cuda::EventHandle>),
+    /// The CPU backend stamps the instant the point was reached.
+    Cpu(std::sync::Arc<std::sync::OnceLock<Instant>>),
+}
+
+/// Raw device operations.
+///
+/// # Safety contract for implementors and callers
+/// Addresses passed to the unsafe methods must be valid for the stated bytes
+/// until the operation completes (for stream methods: until a later recorded
+/// point of that stream completes). The safe layer guarantees this by owning
+/// the buffers until completion.
+pub(crate) trait Backend: Send + Sync {
+    fn info(&self) -> &DeviceInfo;
+    /// The first unrecoverable error, if the context is broken.
+    fn broken(&self) -> Option<crate::Error>;
+
+    fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc>;
+    /// # Safety
+    /// `alloc` came from `alloc_host` of this backend and is no longer used.
+    unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()>;
+    /// # Safety
+    /// `ptr..ptr+bytes` is valid host memory that stays put until `unregister_host`.
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// `ptr` was registered with `register_host` and no operation uses it.
+    unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// `ptr` lies in an allocation made with `device_mapped`.
+    unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64>;
+
+    fn alloc_device(&self, bytes: usize) -> Result<u64>;
+    /// # Safety
+    /// `ptr` came from `alloc_device` and no pending operation uses it.
+    unsafe fn free_device(&self, ptr: u64) -> Result<()>;
+
+    /// Synchronous copies (the pageable-memory path).
+    /// # Safety
+    /// Both ranges valid for `bytes`.
+    unsafe fn copy_h2d_sync(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// Both ranges valid for `bytes`.
+    unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
+
+    fn new_stream(&self) -> Result<Box<dyn RawStream>>;
+    /// Milliseconds between two timed events, both completed.
+    fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32>;
+    /// Blocks until all work on the device is done.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Raw stream operations: each is enqueued and returns at once.
+pub(crate) trait RawStream: Send + Sync {
+    /// # Safety
+    /// See [`Backend`]: `src` (pinned host) and `dst` valid until completion.
+    unsafe fn copy_h2d(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// See [`Backend`]: `dst` (pinned host) and `src` valid until completion.
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// Both device ranges valid for `bytes` until completion.
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// Device addresses in `call` valid for its lengths until completion.
+    unsafe fn launch(&self, call: &KernelCall) -> Result<()>;
+    /// Records a point; its completion fires when all work before it is done.
+    fn record(&self, timing: bool) -> Result<RawEvent>;
+    /// Makes later work on this stream wait for `event`.
+    fn wait(&self, event: &RawEvent) -> Result<()>;
+}

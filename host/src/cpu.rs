@@ -1,0 +1,455 @@
+//! The CPU emulation backend: the seed's fallback for machines without a GPU,
+//! made real behind the same interface.
+//!
+//! - Pinned memory: `mmap` + `mlock` (page-locked). When the memlock limit
+//!   refuses, [`LockPolicy`] decides: a [`Error::LockFailed`] naming the limit,
+//!   or unlocked memory that is reported as such (`PinnedBuffer::is_locked`).
+//! - Device memory: ordinary host memory; device addresses are host addresses.
+//! - Streams: one worker thread each, running its queue in order, so copies
+//!   are asynchronous for the caller. Events complete when the worker reaches
+//!   them; `wait` makes a worker block until another stream's event is done:
+//!   CUDA's ordering semantics.
+//! - Kernels: the per-element bodies of `gpu-kernels`, split over CPU threads.
+//! - Faults: the `trap` kernel breaks the emulated context for good, as a GPU
+//!   trap does.
+
+use crate::backend::{
+    Backend, BackendKind, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer,
+};
+use crate::completion::{lock, Completion};
+use crate::error::{Error, Result};
+use crate::kernel::KernelCall;
+use gpu_kernels::elementwise;
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// What the CPU backend does when the OS refuses to lock memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockPolicy {
+    /// Fail with [`Error::LockFailed`].
+    Require,
+    /// Use unlocked memory and report it (`is_locked() == false`).
+    #[default]
+    BestEffort,
+}
+
+struct Shared {
+    broken: OnceLock<Error>,
+    workers: usize,
+}
+
+impl Shared {
+    fn usable(&self) -> Result<()> {
+        self.broken.get().map_or(Ok(()), |e| Err(e.clone()))
+    }
+}
+
+/// The CPU emulation backend.
+pub(crate) struct CpuBackend {
+    shared: Arc<Shared>,
+    info: DeviceInfo,
+    policy: LockPolicy,
+    device_allocs: Mutex<HashMap<u64, Layout>>,
+}
+
+/// Alignment of emulated device allocations (cudaMalloc gives 256).
+const DEVICE_ALIGN: usize = 256;
+
+impl CpuBackend {
+    pub fn new(policy: LockPolicy) -> Self {
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // SAFETY: sysconf has no preconditions.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
+        let page = page_size() as u64;
+        CpuBackend {
+            shared: Arc::new(Shared {
+                broken: OnceLock::new(),
+                workers,
+            }),
+            info: DeviceInfo {
+                backend: BackendKind::Cpu,
+                name: format!("CPU emulation ({workers} threads)"),
+                driver: None,
+                compute_units: workers as u32,
+                total_memory: pages * page,
+                ordinal: 0,
+            },
+            policy,
+            device_allocs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock_range(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
+        // SAFETY: ptr..ptr+bytes is mapped memory (callers).
+        if unsafe { libc::mlock(ptr.cast(), bytes) } == 0 {
+            return Ok(true);
+        }
+        let err = std::io::Error::last_os_error();
+        match self.policy {
+            LockPolicy::BestEffort => Ok(false),
+            LockPolicy::Require => Err(Error::LockFailed {
+                bytes,
+                reason: format!("mlock: {err} (RLIMIT_MEMLOCK is {})", memlock_limit()),
+            }),
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
+}
+
+/// The soft memlock limit, as text.
+pub fn memlock_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: writes one rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return "unknown".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} bytes", lim.rlim_cur)
+    }
+}
+
+impl Backend for CpuBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn broken(&self) -> Option<Error> {
+        self.shared.broken.get().cloned()
+    }
+
+    fn alloc_host(&self, bytes: usize, _flags: HostFlags) -> Result<HostAlloc> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(HostAlloc {
+                ptr: std::ptr::null_mut(),
+                bytes: 0,
+                locked: true,
+            });
+        }
+        // SAFETY: anonymous private mapping; no address hint.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::LockFailed {
+                bytes,
+                reason: format!("mmap: {}", std::io::Error::last_os_error()),
+            });
+        }
+        let ptr = ptr.cast::<u8>();
+        match self.lock_range(ptr, bytes) {
+            Ok(locked) => Ok(HostAlloc { ptr, bytes, locked }),
+            Err(e) => {
+                // SAFETY: the mapping we just made.
+                unsafe { libc::munmap(ptr.cast(), bytes) };
+                Err(e)
+            }
+        }
+    }
+
+    unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
+        if alloc.bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: our mapping, unused (caller). munlock is implied by munmap.
+        if unsafe { libc::munmap(alloc.ptr.cast(), alloc.bytes) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(())
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.lock_range(ptr, bytes).map(|_| ())
+    }
+
+    unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        if bytes > 0 {
+            // SAFETY: the range was registered (caller); munlock of an unlocked range is harmless.
+            unsafe { libc::munlock(ptr.cast(), bytes) };
+        }
+        Ok(())
+    }
+
+    unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64> {
+        Ok(ptr as u64)
+    }
+
+    fn alloc_device(&self, bytes: usize) -> Result<u64> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let layout =
+            Layout::from_size_align(bytes, DEVICE_ALIGN).map_err(|_| Error::SizeOverflow {
+                count: bytes,
+                elem_size: 1,
+            })?;
+        // SAFETY: non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(Error::Driver {
+                call: "alloc_device (cpu)",
+                code: "out of memory".into(),
+            });
+        }
+        lock(&self.device_allocs).insert(p as u64, layout);
+        Ok(p as u64)
+    }
+
+    unsafe fn free_device(&self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        let layout = lock(&self.device_allocs).remove(&ptr).ok_or_else(|| {
+            Error::InvalidArgument(format!("{ptr:#x} is not a device allocation"))
+        })?;
+        // SAFETY: allocated by alloc_device with this layout; unused (caller).
+        unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        Ok(())
+    }
+
+    unsafe fn copy_h2d_sync(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        // SAFETY: valid, non-overlapping ranges (caller).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
+        Ok(())
+    }
+
+    unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        // SAFETY: valid, non-overlapping ranges (caller).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+        Ok(())
+    }
+
+    fn new_stream(&self) -> Result<Box<dyn RawStream>> {
+        self.shared.usable()?;
+        let (tx, rx) = mpsc::channel::<Task>();
+        let shared = self.shared.clone();
+        std::thread::Builder::new()
+            .name("cpu-stream".into())
+            .spawn(move || {
+                let mut failed: Option<Error> = None;
+                while let Ok(task) = rx.recv() {
+                    task(&shared, &mut failed);
+                }
+            })
+            .map_err(|e| Error::InvalidArgument(format!("cannot start a stream worker: {e}")))?;
+        Ok(Box::new(CpuStream {
+            tx: Mutex::new(tx),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32> {
+        match (start, end) {
+            (Timer::Cpu(a), Timer::Cpu(b)) => match (a.get(), b.get()) {
+                (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
+                _ => Err(Error::InvalidArgument("event not completed yet".into())),
+            },
+            _ => Err(Error::InvalidArgument(
+                "elapsed time needs two events recorded with timing".into(),
+            )),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.shared.usable()
+    }
+}
+
+/// A unit of work on a stream worker: gets the device state and the
+/// stream's first failure.
+type Task = Box<dyn FnOnce(&Shared, &mut Option<Error>) + Send>;
+
+struct CpuStream {
+    tx: Mutex<mpsc::Sender<Task>>,
+    shared: Arc<Shared>,
+}
+
+/// A raw address that may cross to the worker thread: the safe layer keeps
+/// the memory alive and untouched until the work completes.
+#[derive(Clone, Copy)]
+struct Addr(u64);
+
+impl CpuStream {
+    fn push(&self, op: impl FnOnce(&Shared) -> Result<()> + Send + 'static) -> Result<()> {
+        self.shared.usable()?;
+        let task: Task = Box::new(move |shared, failed| {
+            if failed.is_some() {
+                return;
+            }
+            if let Err(e) = shared.usable().and_then(|_| op(shared)) {
+                *failed = Some(e);
+            }
+        });
+        lock(&self.tx)
+            .send(task)
+            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))
+    }
+}
+
+impl RawStream for CpuStream {
+    unsafe fn copy_h2d(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        let src = Addr(src as u64);
+        self.push(move |_| {
+            // SAFETY: both ranges valid until completion (caller of copy_h2d).
+            unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        })
+    }
+
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        let dst = Addr(dst as u64);
+        self.push(move |_| {
+            // SAFETY: both ranges valid until completion (caller of copy_d2h).
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.0 as *mut u8, bytes) };
+            Ok(())
+        })
+    }
+
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.push(move |_| {
+            // SAFETY: both ranges valid until completion (caller of copy_d2d).
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
+        })
+    }
+
+    unsafe fn launch(&self, call: &KernelCall) -> Result<()> {
+        let call = *call;
+        self.push(move |shared| {
+            // SAFETY: addresses valid until completion (caller of launch).
+            unsafe { run_kernel(shared, &call) }
+        })
+    }
+
+    fn record(&self, _timing: bool) -> Result<RawEvent> {
+        let completion = Completion::new();
+        let stamp = Arc::new(OnceLock::new());
+        let (c, s) = (completion.clone(), stamp.clone());
+        self.shared.usable()?;
+        let task: Task = Box::new(move |shared, failed| {
+            let _ = s.set(Instant::now());
+            let result = match (failed.as_ref(), shared.broken.get()) {
+                (_, Some(e)) | (Some(e), None) => Err(e.clone()),
+                (None, None) => Ok(()),
+            };
+            c.complete(result);
+        });
+        lock(&self.tx)
+            .send(task)
+            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))?;
+        Ok(RawEvent {
+            completion,
+            timer: Timer::Cpu(stamp),
+        })
+    }
+
+    fn wait(&self, event: &RawEvent) -> Result<()> {
+        let c = event.completion.clone();
+        self.push(move |_| c.block())
+    }
+}
+
+/// Runs a kernel's per-element bodies over CPU threads.
+///
+/// # Safety
+/// The call's addresses are valid for its lengths and not used concurrently.
+unsafe fn run_kernel(shared: &Shared, call: &KernelCall) -> Result<()> {
+    match *call {
+        KernelCall::Scale { x, n, s } => {
+            // SAFETY: the caller's contract.
+            let x = unsafe { slice_mut(x, n) };
+            par_chunks_mut(x, shared.workers, |c| elementwise::scale_slice(c, s));
+        }
+        KernelCall::Intensity { x, n, k } => {
+            // SAFETY: the caller's contract.
+            let x = unsafe { slice_mut(x, n) };
+            par_chunks_mut(x, shared.workers, |c| elementwise::intensity_slice(c, k));
+        }
+        KernelCall::Saxpy { a, x, y, n } => {
+            // SAFETY: the caller's contract; x and y do not overlap.
+            let (x, y) = unsafe { (slice_mut(x, n), slice_mut(y, n)) };
+            let chunk = chunk_len(n, shared.workers);
+            if chunk == 0 {
+                return Ok(());
+            }
+            std::thread::scope(|s| {
+                for (yc, xc) in y.chunks_mut(chunk).zip(x.chunks(chunk)) {
+                    s.spawn(move || elementwise::saxpy_slice(a, xc, yc));
+                }
+            });
+        }
+        KernelCall::GateWait { flag } => {
+            // SAFETY: a live, 4-byte aligned u32 in mapped host memory (caller).
+            let flag = unsafe { AtomicU32::from_ptr(flag as *mut u32) };
+            while flag.load(Ordering::Acquire) == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+        KernelCall::Trap => {
+            let err =
+                Error::ContextBroken("kernel `trap` faulted (CPU emulation of a GPU trap)".into());
+            let _ = shared.broken.set(err.clone());
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `addr` valid for `n` floats, unaliased for the returned lifetime.
+unsafe fn slice_mut<'a>(addr: u64, n: usize) -> &'a mut [f32] {
+    if n == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, n) }
+}
+
+/// Elements per thread: at least 64 Ki so small launches stay on one thread.
+fn chunk_len(n: usize, workers: usize) -> usize {
+    n.div_ceil(workers.max(1)).max(1 << 16).min(n)
+}
+
+fn par_chunks_mut(x: &mut [f32], workers: usize, f: impl Fn(&mut [f32]) + Sync) {
+    let chunk = chunk_len(x.len(), workers);
+    if chunk == 0 {
+        return;
+    }
+    if chunk == x.len() {
+        f(x);
+        return;
+    }
+    std::thread::scope(|s| {
+        for c in x.chunks_mut(chunk) {
+            let f = &f;
+            s.spawn(move || f(c));
+        }
+    });
+}

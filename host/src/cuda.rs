@@ -1,0 +1,589 @@
+//! The CUDA driver backend, over cudarc's `result`/`sys` layers (the driver is
+//! loaded at run time, so one binary also runs where there is none).
+//!
+//! Completion source: each stream has a *watcher thread* fed, in stream order,
+//! with the events recorded on it; it waits for each with `cuEventSynchronize`
+//! and completes the matching [`Completion`]. Events of one stream finish in
+//! order, so waiting for the oldest first is exact. The watcher also reports
+//! faults: a trapped kernel makes `cuEventSynchronize` fail, and the error
+//! reaches every awaiting future instead of a hang (a `cuLaunchHostFunc`
+//! callback is never called once the context has failed, so it could not).
+//! [`WaitMode`] picks how the watcher waits: spinning (lowest latency, one
+//! busy core while work is pending) or blocking-sync events (the thread
+//! sleeps until the GPU interrupts). The wake-latency benchmark measures both.
+
+use crate::backend::{Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer};
+use crate::completion::{lock, Completion};
+use crate::error::{Error, Result};
+use crate::kernel::KernelCall;
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::CudaContext;
+use std::ffi::c_void;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// How watcher threads wait for GPU completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitMode {
+    /// `cuEventSynchronize` spins (the context's automatic scheduling):
+    /// lowest latency; a core is busy while a stream has pending work.
+    #[default]
+    Spin,
+    /// Events carry `CU_EVENT_BLOCKING_SYNC`: the watcher sleeps until the
+    /// GPU signals; no busy core, a few microseconds more latency.
+    Blocking,
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the driver library; no other precondition.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Errors after which the context cannot be used again.
+fn is_sticky(code: CUresult) -> bool {
+    use CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
+}
+
+fn code_name(code: CUresult) -> String {
+    let err = cudarc::driver::DriverError(code);
+    match err.error_name() {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => format!("{code:?}"),
+    }
+}
+
+/// State shared by the backend, its streams and their watchers.
+pub(crate) struct Shared {
+    ctx: Arc<CudaContext>,
+    broken: OnceLock<Error>,
+    functions: Vec<(&'static str, Func)>,
+    _module: Module,
+    sm_count: u32,
+    wait_mode: WaitMode,
+}
+
+impl Shared {
+    /// Checks a driver result; a sticky error marks the context broken.
+    fn check(&self, call: &'static str, r: CUresult) -> Result<()> {
+        if r == CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        let err = Error::Driver {
+            call,
+            code: code_name(r),
+        };
+        if is_sticky(r) {
+            let _ = self.broken.set(Error::ContextBroken(err.to_string()));
+            return Err(self.broken.get().cloned().unwrap_or(err));
+        }
+        Err(err)
+    }
+
+    /// Fails at once when the context is broken.
+    fn usable(&self) -> Result<()> {
+        match self.broken.get() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| Error::Driver {
+            call: "cuCtxSetCurrent",
+            code: code_name(e.0),
+        })
+    }
+}
+
+/// A driver handle that may be used from any thread (driver handles are
+/// thread-safe; the raw pointer types are not marked so).
+struct Module(sys::CUmodule);
+// SAFETY: CUmodule is an opaque driver handle; the driver API is thread-safe.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handle is never mutated on our side.
+unsafe impl Sync for Module {}
+
+#[derive(Clone, Copy)]
+struct Func(sys::CUfunction);
+// SAFETY: CUfunction is an opaque driver handle; launching from several threads is allowed.
+unsafe impl Send for Func {}
+// SAFETY: as above.
+unsafe impl Sync for Func {}
+
+/// An owned CUDA event, destroyed on drop.
+pub(crate) struct EventHandle(sys::CUevent);
+// SAFETY: CUevent is an opaque driver handle usable from any thread.
+unsafe impl Send for EventHandle {}
+// SAFETY: as above; record/query/synchronize are thread-safe driver calls.
+unsafe impl Sync for EventHandle {}
+impl Drop for EventHandle {
+    fn drop(&mut self) {
+        // SAFETY: we own the event; the driver defers destruction of a pending event.
+        unsafe {
+            sys::cuEventDestroy_v2(self.0);
+        }
+    }
+}
+
+/// The CUDA backend for one device.
+pub(crate) struct CudaBackend {
+    shared: Arc<Shared>,
+    info: DeviceInfo,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` and loads the kernels' PTX.
+    pub fn new(ordinal: usize, wait_mode: WaitMode) -> Result<Self> {
+        if !driver_present() {
+            return Err(Error::BackendUnavailable(
+                "the CUDA driver library (libcuda) is not installed".into(),
+            ));
+        }
+        let drv = |call: &'static str| {
+            move |e: cudarc::driver::DriverError| Error::Driver {
+                call,
+                code: code_name(e.0),
+            }
+        };
+        cudarc::driver::result::init().map_err(drv("cuInit"))?;
+        let count = cudarc::driver::result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+        if ordinal >= count as usize {
+            return Err(Error::NoSuchDevice {
+                index: ordinal,
+                count: count as usize,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv("cuDeviceGetAttribute"))? as u32;
+        let name = ctx.name().map_err(drv("cuDeviceGetName"))?;
+        // SAFETY: a valid device handle from the context.
+        let total_memory = unsafe { cudarc::driver::result::device::total_mem(ctx.cu_device()) }
+            .map_err(drv("cuDeviceTotalMem"))? as u64;
+        let mut version = 0;
+        // SAFETY: writes one int.
+        unsafe { sys::cuDriverGetVersion(&mut version) }
+            .result()
+            .map_err(drv("cuDriverGetVersion"))?;
+
+        let ptx = std::ffi::CString::new(crate::ptx::PTX)
+            .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
+        // SAFETY: a NUL-terminated PTX image; the context is current on this thread.
+        let module = unsafe { cudarc::driver::result::module::load_data(ptx.as_ptr().cast()) }
+            .map_err(drv("cuModuleLoadData"))?;
+        let module = Module(module);
+        let mut functions = Vec::new();
+        for name in gpu_kernels::KERNEL_NAMES {
+            let cname = std::ffi::CString::new(name).expect("kernel names have no NUL");
+            // SAFETY: the module is loaded and alive (kept in Shared).
+            let f = unsafe { cudarc::driver::result::module::get_function(module.0, cname) }
+                .map_err(drv("cuModuleGetFunction"))?;
+            functions.push((name, Func(f)));
+        }
+        let info = DeviceInfo {
+            backend: crate::BackendKind::Cuda,
+            name,
+            driver: Some(format!("{}.{}", version / 1000, (version % 1000) / 10)),
+            compute_units: sm_count,
+            total_memory,
+            ordinal,
+        };
+        Ok(CudaBackend {
+            shared: Arc::new(Shared {
+                ctx,
+                broken: OnceLock::new(),
+                functions,
+                _module: module,
+                sm_count,
+                wait_mode,
+            }),
+            info,
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn broken(&self) -> Option<Error> {
+        self.shared.broken.get().cloned()
+    }
+
+    fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(HostAlloc {
+                ptr: std::ptr::null_mut(),
+                bytes: 0,
+                locked: true,
+            });
+        }
+        self.shared.bind()?;
+        let mut f = 0;
+        if flags.portable {
+            f |= sys::CU_MEMHOSTALLOC_PORTABLE;
+        }
+        if flags.write_combined {
+            f |= sys::CU_MEMHOSTALLOC_WRITECOMBINED;
+        }
+        if flags.device_mapped {
+            f |= sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the context is current.
+        let r = unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, f) };
+        if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(Error::LockFailed {
+                bytes,
+                reason: "the driver could not page-lock that much host memory".into(),
+            });
+        }
+        self.shared.check("cuMemHostAlloc", r)?;
+        Ok(HostAlloc {
+            ptr: ptr.cast(),
+            bytes,
+            locked: true,
+        })
+    }
+
+    unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
+        if alloc.bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees the allocation is ours and unused.
+        let r = unsafe { sys::cuMemFreeHost(alloc.ptr.cast()) };
+        self.shared.check("cuMemFreeHost", r)
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: the caller guarantees the range is valid and stays put.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(ptr.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
+        };
+        self.shared.check("cuMemHostRegister", r)
+    }
+
+    unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: registered by register_host, no operation pending (caller).
+        let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+        self.shared.check("cuMemHostUnregister", r)
+    }
+
+    unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64> {
+        self.shared.bind()?;
+        let mut d = 0;
+        // SAFETY: ptr is in a device-mapped allocation (caller).
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0) };
+        self.shared.check("cuMemHostGetDevicePointer", r)?;
+        Ok(d)
+    }
+
+    fn alloc_device(&self, bytes: usize) -> Result<u64> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        self.shared.bind()?;
+        let mut d = 0;
+        // SAFETY: out-pointer to a local; the context is current.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut d, bytes) };
+        self.shared.check("cuMemAlloc", r)?;
+        Ok(d)
+    }
+
+    unsafe fn free_device(&self, ptr: u64) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: allocated by alloc_device, unused (caller).
+        let r = unsafe { sys::cuMemFree_v2(ptr) };
+        self.shared.check("cuMemFree", r)
+    }
+
+    unsafe fn copy_h2d_sync(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: valid ranges (caller); synchronous.
+        let r = unsafe { sys::cuMemcpyHtoD_v2(dst, src.cast(), bytes) };
+        self.shared.check("cuMemcpyHtoD", r)
+    }
+
+    unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.shared.bind()?;
+        // SAFETY: valid ranges (caller); synchronous.
+        let r = unsafe { sys::cuMemcpyDtoH_v2(dst.cast(), src, bytes) };
+        self.shared.check("cuMemcpyDtoH", r)
+    }
+
+    fn new_stream(&self) -> Result<Box<dyn RawStream>> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local. Non-blocking: no implicit sync with stream 0.
+        let r = unsafe {
+            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        };
+        self.shared.check("cuStreamCreate", r)?;
+        let (tx, rx) = mpsc::channel::<(Arc<EventHandle>, Completion)>();
+        let shared = self.shared.clone();
+        std::thread::Builder::new()
+            .name("cuda-watcher".into())
+            .spawn(move || watch(shared, rx))
+            .map_err(|e| Error::InvalidArgument(format!("cannot start a watcher thread: {e}")))?;
+        Ok(Box::new(CudaStream {
+            stream: StreamHandle(s),
+            shared: self.shared.clone(),
+            watcher: Mutex::new(tx),
+        }))
+    }
+
+    fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32> {
+        match (start, end) {
+            (Timer::Cuda(a), Timer::Cuda(b)) => {
+                let mut ms = 0.0f32;
+                // SAFETY: both events are alive and were recorded with timing.
+                let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.0, b.0) };
+                self.shared.check("cuEventElapsedTime", r)?;
+                Ok(ms)
+            }
+            _ => Err(Error::InvalidArgument(
+                "elapsed time needs two events recorded with timing".into(),
+            )),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        // SAFETY: the context is current on this thread.
+        let r = unsafe { sys::cuCtxSynchronize() };
+        self.shared.check("cuCtxSynchronize", r)
+    }
+}
+
+/// The watcher: completes each recorded point of one stream, in order.
+fn watch(shared: Arc<Shared>, rx: mpsc::Receiver<(Arc<EventHandle>, Completion)>) {
+    let bound = shared.bind();
+    while let Ok((event, completion)) = rx.recv() {
+        let result = match (bound.clone(), shared.usable()) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            // SAFETY: the event is alive (we hold it) and was recorded on our stream.
+            _ => shared.check("cuEventSynchronize", unsafe {
+                sys::cuEventSynchronize(event.0)
+            }),
+        };
+        drop(event);
+        completion.complete(result);
+    }
+}
+
+struct StreamHandle(sys::CUstream);
+// SAFETY: CUstream is an opaque driver handle; enqueueing from several threads is allowed.
+unsafe impl Send for StreamHandle {}
+// SAFETY: as above.
+unsafe impl Sync for StreamHandle {}
+
+struct CudaStream {
+    stream: StreamHandle,
+    shared: Arc<Shared>,
+    watcher: Mutex<mpsc::Sender<(Arc<EventHandle>, Completion)>>,
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        // Pending work still runs to completion; the driver releases the stream
+        // afterwards. The watcher drains its queue and exits when the sender goes.
+        // SAFETY: we own the stream handle.
+        unsafe {
+            sys::cuStreamDestroy_v2(self.stream.0);
+        }
+    }
+}
+
+impl CudaStream {
+    fn new_event(&self, timing: bool) -> Result<EventHandle> {
+        let mut flags = 0;
+        if !timing {
+            flags |= sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        }
+        if self.shared.wait_mode == WaitMode::Blocking {
+            flags |= sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        }
+        let mut e = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let r = unsafe { sys::cuEventCreate(&mut e, flags) };
+        self.shared.check("cuEventCreate", r)?;
+        Ok(EventHandle(e))
+    }
+}
+
+impl RawStream for CudaStream {
+    unsafe fn copy_h2d(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: ranges valid until completion (caller); the stream is ours.
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, self.stream.0) };
+        self.shared.check("cuMemcpyHtoDAsync", r)
+    }
+
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: ranges valid until completion (caller); the stream is ours.
+        let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, self.stream.0) };
+        self.shared.check("cuMemcpyDtoHAsync", r)
+    }
+
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: ranges valid until completion (caller); the stream is ours.
+        let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream.0) };
+        self.shared.check("cuMemcpyDtoDAsync", r)
+    }
+
+    unsafe fn launch(&self, call: &KernelCall) -> Result<()> {
+        self.shared.usable()?;
+        if matches!(
+            call,
+            KernelCall::Scale { n: 0, .. }
+                | KernelCall::Intensity { n: 0, .. }
+                | KernelCall::Saxpy { n: 0, .. }
+        ) {
+            return Ok(());
+        }
+        let func = self
+            .shared
+            .functions
+            .iter()
+            .find(|(n, _)| *n == call.name())
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("kernel {} not in the PTX", call.name()))
+            })?;
+        // Argument storage in the order of the `extern "ptx-kernel"` signatures.
+        let mut u64s = [0u64; 3];
+        let mut f32s = [0f32; 1];
+        let mut u32s = [0u32; 1];
+        let mut params: Vec<*mut c_void> = Vec::with_capacity(4);
+        match *call {
+            KernelCall::Scale { x, n, s } => {
+                (u64s[0], u64s[1], f32s[0]) = (x, n as u64, s);
+                params.extend([ptr(&mut u64s[0]), ptr(&mut u64s[1]), ptr(&mut f32s[0])]);
+            }
+            KernelCall::Saxpy { a, x, y, n } => {
+                (f32s[0], u64s[0], u64s[1], u64s[2]) = (a, x, y, n as u64);
+                params.extend([
+                    ptr(&mut f32s[0]),
+                    ptr(&mut u64s[0]),
+                    ptr(&mut u64s[1]),
+                    ptr(&mut u64s[2]),
+                ]);
+            }
+            KernelCall::Intensity { x, n, k } => {
+                (u64s[0], u64s[1], u32s[0]) = (x, n as u64, k);
+                params.extend([ptr(&mut u64s[0]), ptr(&mut u64s[1]), ptr(&mut u32s[0])]);
+            }
+            KernelCall::GateWait { flag } => {
+                u64s[0] = flag;
+                params.push(ptr(&mut u64s[0]));
+            }
+            KernelCall::Trap => {}
+        }
+        let (grid, block) = call.grid(self.shared.sm_count);
+        // SAFETY: the function comes from our loaded module; `params` points at
+        // live locals of the declared types; addresses valid until completion (caller).
+        let r = unsafe {
+            sys::cuLaunchKernel(
+                func.0,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                self.stream.0,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.shared.check("cuLaunchKernel", r)
+    }
+
+    fn record(&self, timing: bool) -> Result<RawEvent> {
+        self.shared.usable()?;
+        let event = Arc::new(self.new_event(timing)?);
+        // SAFETY: event and stream are alive.
+        let r = unsafe { sys::cuEventRecord(event.0, self.stream.0) };
+        self.shared.check("cuEventRecord", r)?;
+        let completion = Completion::new();
+        lock(&self.watcher)
+            .send((event.clone(), completion.clone()))
+            .map_err(|_| Error::InvalidArgument("the stream's watcher has stopped".into()))?;
+        Ok(RawEvent {
+            completion,
+            // The handle is kept for cross-stream waits; only timed events can be
+            // measured (cuEventElapsedTime reports an error otherwise).
+            timer: Timer::Cuda(event),
+        })
+    }
+
+    fn wait(&self, event: &RawEvent) -> Result<()> {
+        self.shared.usable()?;
+        match &event.timer {
+            Timer::Cuda(e) => {
+                // SAFETY: both handles alive.
+                let r = unsafe { sys::cuStreamWaitEvent(self.stream.0, e.0, 0) };
+                self.shared.check("cuStreamWaitEvent", r)
+            }
+            _ => Err(Error::InvalidArgument(
+                "cannot wait for an event of another backend".into(),
+            )),
+        }
+    }
+}
+
+fn ptr<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}

@@ -1,0 +1,194 @@
+//! `host kernels`: every kernel on the device against the CPU, bit for bit,
+//! and `scale` timed against a device-to-device copy of the same bytes.
+
+use super::report::{median, random_floats, write_json, Meta};
+use futures::executor::block_on;
+use host::{Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Serialize)]
+struct Check {
+    kernel: String,
+    n: usize,
+    mismatches: usize,
+    bit_identical: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    meta: Meta,
+    n: usize,
+    checks: Vec<Check>,
+    /// Median ms of `scale` (reads and writes 8 bytes per element).
+    scale_ms: f64,
+    /// Median ms of a device-to-device copy of the same 4n bytes (8n moved).
+    copy_ms: f64,
+    scale_gbps: f64,
+    copy_gbps: f64,
+    /// scale bandwidth / copy bandwidth (target: at least 0.85).
+    scale_over_copy: f64,
+    reps: usize,
+}
+
+/// Runs `f` on chunks of `out` in parallel (the CPU reference for 10^8 floats).
+fn par_ref(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = out.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (i, c) in out.chunks_mut(chunk).enumerate() {
+            let f = &f;
+            s.spawn(move || f(i * chunk, c));
+        }
+    });
+}
+
+fn mismatches(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// Uploads `x`, applies `kernel`, downloads: the device result.
+fn on_device(
+    device: &Device,
+    stream: &Stream,
+    x: &[f32],
+    kernel: Kernel,
+) -> host::Result<PinnedBuffer<f32>> {
+    let input = PinnedBuffer::from_slice(device, x)?;
+    let output = PinnedBuffer::<f32>::new(device, x.len())?;
+    let dev = DeviceBuffer::<f32>::new(device, x.len())?;
+    let ((_, _, output), ()) = block_on(stream.run((input, dev, output), |c, (i, d, o)| {
+        c.copy_h2d(i.host(), d.view())?;
+        c.kernel(kernel, d.view())?;
+        c.copy_d2h(d.view(), o.host_mut())
+    }))?;
+    Ok(output)
+}
+
+pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
+    let stream = Stream::new(device)?;
+    let x = random_floats(n, 0xC0FFEE);
+    let mut checks = Vec::new();
+
+    for kernel in [Kernel::Scale { s: 1.5 }, Kernel::Intensity { k: 64 }] {
+        let got = on_device(device, &stream, &x, kernel)?;
+        let mut want = vec![0f32; n];
+        par_ref(&mut want, |off, c| {
+            for (i, w) in c.iter_mut().enumerate() {
+                *w = kernel.reference(x[off + i]);
+            }
+        });
+        let bad = mismatches(got.as_slice(), &want);
+        checks.push(Check {
+            kernel: kernel.label(),
+            n,
+            mismatches: bad,
+            bit_identical: bad == 0,
+        });
+    }
+
+    // saxpy: y = a*x + y with a second random input.
+    let a = 0.75f32;
+    let y = random_floats(n, 0xBEEF);
+    let xs = PinnedBuffer::from_slice(device, &x)?;
+    let ys = PinnedBuffer::from_slice(device, &y)?;
+    let out = PinnedBuffer::<f32>::new(device, n)?;
+    let (dx, dy) = (
+        DeviceBuffer::<f32>::new(device, n)?,
+        DeviceBuffer::<f32>::new(device, n)?,
+    );
+    let ((_, _, out, _, _), ()) = block_on(stream.run(
+        (xs, ys, out, dx, dy),
+        |c, (xs, ys, out, dx, dy)| {
+            c.copy_h2d(xs.host(), dx.view())?;
+            c.copy_h2d(ys.host(), dy.view())?;
+            c.saxpy(a, dx.view(), dy.view())?;
+            c.copy_d2h(dy.view(), out.host_mut())
+        },
+    ))?;
+    let mut want = vec![0f32; n];
+    par_ref(&mut want, |off, c| {
+        for (i, w) in c.iter_mut().enumerate() {
+            *w = gpu_kernels::elementwise::saxpy(a, x[off + i], y[off + i]);
+        }
+    });
+    let bad = mismatches(out.as_slice(), &want);
+    checks.push(Check {
+        kernel: "saxpy".into(),
+        n,
+        mismatches: bad,
+        bit_identical: bad == 0,
+    });
+
+    // Timing: scale in place vs a device-to-device copy of the same bytes.
+    let reps = 20;
+    let src = PinnedBuffer::from_slice(device, &x)?;
+    let (d1, d2) = (
+        DeviceBuffer::<f32>::new(device, n)?,
+        DeviceBuffer::<f32>::new(device, n)?,
+    );
+    let ((_, d1, d2), times) = block_on(stream.run((src, d1, d2), |c, (s, d1, d2)| {
+        c.copy_h2d(s.host(), d1.view())?;
+        let mut evs = Vec::new();
+        // One warm-up of each, then alternate so drift hits both alike.
+        for i in 0..=reps {
+            let a = c.record_timed(device)?;
+            c.kernel(Kernel::Scale { s: 1.0 }, d1.view())?;
+            let b = c.record_timed(device)?;
+            c.copy_d2d(d1.view(), d2.view())?;
+            let e = c.record_timed(device)?;
+            if i > 0 {
+                evs.push((a, b, e));
+            }
+        }
+        Ok(evs)
+    }))?;
+    drop((d1, d2));
+    let mut scale_ms = Vec::new();
+    let mut copy_ms = Vec::new();
+    for (a, b, e) in &times {
+        scale_ms.push(a.elapsed_ms(b)? as f64);
+        copy_ms.push(b.elapsed_ms(e)? as f64);
+    }
+    let (s_ms, c_ms) = (median(&scale_ms), median(&copy_ms));
+    let moved = 8.0 * n as f64;
+    let res = Results {
+        meta: Meta::new(device),
+        n,
+        scale_gbps: moved / s_ms / 1e6,
+        copy_gbps: moved / c_ms / 1e6,
+        scale_over_copy: c_ms / s_ms,
+        scale_ms: s_ms,
+        copy_ms: c_ms,
+        checks,
+        reps,
+    };
+    println!("kernels on {} floats ({}):", n, device.info().name);
+    for c in &res.checks {
+        println!(
+            "  {:<16} {}",
+            c.kernel,
+            if c.bit_identical {
+                "bit-identical with the CPU".to_string()
+            } else {
+                format!("{} MISMATCHES", c.mismatches)
+            }
+        );
+    }
+    println!(
+        "  scale {:.3} ms ({:.0} GB/s) vs device copy {:.3} ms ({:.0} GB/s): {:.1}% of the copy bandwidth",
+        res.scale_ms, res.scale_gbps, res.copy_ms, res.copy_gbps, 100.0 * res.scale_over_copy
+    );
+    if let Some(path) = json {
+        write_json(path, &res)?;
+    }
+    if res.checks.iter().any(|c| !c.bit_identical) {
+        return Err(host::Error::InvalidArgument(
+            "a kernel's result differs from the CPU".into(),
+        ));
+    }
+    Ok(())
+}

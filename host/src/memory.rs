@@ -1,0 +1,556 @@
+//! Host and device memory: pinned buffers, pin-in-place registration,
+//! device buffers, a device-mapped flag, and the borrowed slices that stream
+//! commands take.
+
+use crate::backend::{HostAlloc, HostFlags};
+use crate::device::Device;
+use crate::error::{byte_size, Error, Result};
+use bytemuck::Pod;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Largest alignment a pinned allocation guarantees (page alignment).
+pub const MAX_HOST_ALIGN: usize = 4096;
+
+/// Page-locked host memory holding `len` values of `T`, freed on drop.
+///
+/// Allocated by the driver (`cuMemHostAlloc`) with explicit [`HostFlags`]
+/// (portable by default, never write-combined unless asked: write-combined
+/// memory makes CPU reads very slow). The DMA engines copy to and from it
+/// directly, which is what makes copies fast and asynchronous. Contents start
+/// zeroed.
+pub struct PinnedBuffer<T: Pod> {
+    alloc: HostAlloc,
+    len: usize,
+    flags: HostFlags,
+    device: Device,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns its memory exclusively; T: Pod is Send + Sync.
+unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
+// SAFETY: shared access only reads; mutation needs &mut.
+unsafe impl<T: Pod> Sync for PinnedBuffer<T> {}
+
+impl<T: Pod> std::fmt::Debug for PinnedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer")
+            .field("len", &self.len)
+            .field("flags", &self.flags)
+            .field("locked", &self.alloc.locked)
+            .finish()
+    }
+}
+
+pub(crate) fn check_align<T>() -> Result<()> {
+    if std::mem::align_of::<T>() > MAX_HOST_ALIGN {
+        return Err(Error::InvalidArgument(format!(
+            "alignment {} of the element type exceeds the page alignment {MAX_HOST_ALIGN}",
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
+impl<T: Pod> PinnedBuffer<T> {
+    /// `len` zeroed values in portable pinned memory.
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        Self::with_flags(device, len, HostFlags::DEFAULT)
+    }
+
+    /// `len` zeroed values with explicit flags.
+    pub fn with_flags(device: &Device, len: usize, flags: HostFlags) -> Result<Self> {
+        check_align::<T>()?;
+        let bytes = byte_size::<T>(len)?;
+        // Pinned allocation: page-locks physical memory so the GPU's DMA engines
+        // can reach it without a staging copy. Slow (tens to hundreds of ms per
+        // GiB): allocate once, or take buffers from a `PinnedPool`.
+        let alloc = device.backend.alloc_host(bytes, flags)?;
+        if bytes > 0 {
+            // SAFETY: a fresh allocation of `bytes` writable bytes.
+            unsafe { std::ptr::write_bytes(alloc.ptr, 0, bytes) };
+        }
+        Ok(PinnedBuffer {
+            alloc,
+            len,
+            flags,
+            device: device.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// A pinned copy of `data`.
+    pub fn from_slice(device: &Device, data: &[T]) -> Result<Self> {
+        let mut b = Self::new(device, data.len())?;
+        b.as_mut_slice().copy_from_slice(data);
+        Ok(b)
+    }
+
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.alloc.bytes
+    }
+
+    /// The flags it was allocated with.
+    pub fn flags(&self) -> HostFlags {
+        self.flags
+    }
+
+    /// False only on the CPU backend when locking was refused and the policy
+    /// allowed unlocked memory.
+    pub fn is_locked(&self) -> bool {
+        self.alloc.locked
+    }
+
+    /// The contents (the seed's `get_array`).
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: len values, initialised at allocation, owned by self.
+        unsafe { raw_slice(self.alloc.ptr.cast(), self.len) }
+    }
+
+    /// The contents, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above; &mut self gives exclusive access.
+        unsafe { raw_slice_mut(self.alloc.ptr.cast(), self.len) }
+    }
+
+    /// The device this memory is pinned for.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn raw_ptr(&self) -> *mut T {
+        self.alloc.ptr.cast()
+    }
+}
+
+impl<T: Pod> Drop for PinnedBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; the safe API never lets the GPU hold it past
+        // the owner (in-flight buffers are owned by their job until completion).
+        if let Err(e) = unsafe { self.device.backend.free_host(&self.alloc) } {
+            eprintln!("warning: freeing pinned memory failed: {e}");
+        }
+    }
+}
+
+/// A `Vec` pinned in place (`cuMemHostRegister`) for as long as this guard
+/// lives; dropping the guard unregisters it, [`Registered::into_inner`] gives
+/// the `Vec` back. The guard owns the vector, so the memory can be neither
+/// freed nor moved (no push, no reallocation) while registered, and a job that
+/// holds the guard keeps it registered until the GPU is done.
+pub struct Registered<T: Pod> {
+    data: Option<Vec<T>>,
+    device: Device,
+}
+
+impl<T: Pod> std::fmt::Debug for Registered<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registered")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl<T: Pod> Registered<T> {
+    /// Registers the vector's memory with the driver.
+    pub fn new(device: &Device, mut data: Vec<T>) -> Result<Self> {
+        let bytes = std::mem::size_of_val(data.as_slice());
+        // SAFETY: the range is valid and stays put: the guard owns the Vec and
+        // never grows it.
+        unsafe {
+            device
+                .backend
+                .register_host(data.as_mut_ptr().cast(), bytes)?
+        };
+        Ok(Registered {
+            data: Some(data),
+            device: device.clone(),
+        })
+    }
+
+    /// Unregisters and returns the vector.
+    pub fn into_inner(mut self) -> Vec<T> {
+        self.unregister();
+        self.data.take().unwrap_or_default()
+    }
+
+    fn unregister(&mut self) {
+        if let Some(v) = self.data.as_mut() {
+            let bytes = std::mem::size_of_val(v.as_slice());
+            // SAFETY: registered in `new`; a job holding this guard drops it only
+            // at completion, so no transfer uses the memory any more.
+            if let Err(e) = unsafe {
+                self.device
+                    .backend
+                    .unregister_host(v.as_mut_ptr().cast(), bytes)
+            } {
+                eprintln!("warning: unregistering host memory failed: {e}");
+            }
+        }
+    }
+
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The contents.
+    pub fn as_slice(&self) -> &[T] {
+        self.data.as_deref().unwrap_or(&[])
+    }
+
+    /// The contents, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.data.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+
+impl<T: Pod> Drop for Registered<T> {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+/// Device memory for `len` values of `T`, freed on drop. Contents start
+/// unspecified on CUDA (zeroed on the CPU backend).
+pub struct DeviceBuffer<T: Pod> {
+    ptr: u64,
+    len: usize,
+    device: Device,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: an owned device address; the host never dereferences it. Pod data has no thread affinity.
+unsafe impl<T: Pod> Send for DeviceBuffer<T> {}
+// SAFETY: shared access only creates views for stream-ordered commands.
+unsafe impl<T: Pod> Sync for DeviceBuffer<T> {}
+
+impl<T: Pod> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// Allocates `len` values on the device.
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        let bytes = byte_size::<T>(len)?;
+        let ptr = device.backend.alloc_device(bytes)?;
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            device: device.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A view of the whole buffer for stream commands.
+    pub fn view(&self) -> DeviceSlice<'_, T> {
+        DeviceSlice {
+            addr: self.ptr,
+            len: self.len,
+            device_id: self.device.id(),
+            _p: PhantomData,
+        }
+    }
+
+    /// Synchronous copy from any host slice (pageable memory's path): returns
+    /// when the data is on the device. `&mut self` proves no job uses the buffer.
+    pub fn copy_from_host_sync(&mut self, src: &[T]) -> Result<()> {
+        check_len("copy_from_host_sync", self.len, src.len())?;
+        // SAFETY: both ranges valid for the byte count; synchronous.
+        unsafe {
+            self.device.backend.copy_h2d_sync(
+                self.ptr,
+                src.as_ptr().cast(),
+                std::mem::size_of_val(src),
+            )
+        }
+    }
+
+    /// Synchronous copy into any host slice.
+    pub fn copy_to_host_sync(&mut self, dst: &mut [T]) -> Result<()> {
+        check_len("copy_to_host_sync", self.len, dst.len())?;
+        // SAFETY: both ranges valid for the byte count; synchronous.
+        unsafe {
+            self.device.backend.copy_d2h_sync(
+                dst.as_mut_ptr().cast(),
+                self.ptr,
+                std::mem::size_of_val(dst),
+            )
+        }
+    }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; jobs own buffers until completion.
+        if let Err(e) = unsafe { self.device.backend.free_device(self.ptr) } {
+            eprintln!("warning: freeing device memory failed: {e}");
+        }
+    }
+}
+
+/// A `u32` in device-mapped pinned memory: the host sets it, kernels read it
+/// (the GPU-side gate tests use it to hold work without timers).
+pub struct MappedFlag {
+    buf: PinnedBuffer<u32>,
+    device_addr: u64,
+}
+
+impl MappedFlag {
+    /// A cleared flag.
+    pub fn new(device: &Device) -> Result<Self> {
+        let flags = HostFlags {
+            device_mapped: true,
+            ..HostFlags::DEFAULT
+        };
+        let buf = PinnedBuffer::<u32>::with_flags(device, 1, flags)?;
+        // SAFETY: the allocation is device-mapped.
+        let device_addr = unsafe { device.backend.mapped_device_ptr(buf.raw_ptr().cast())? };
+        Ok(MappedFlag { buf, device_addr })
+    }
+
+    fn atomic(&self) -> &AtomicU32 {
+        // SAFETY: a live, aligned u32 that outlives the borrow; the GPU only reads it.
+        unsafe { AtomicU32::from_ptr(self.buf.raw_ptr()) }
+    }
+
+    /// Sets the flag (opens the gate).
+    pub fn set(&self, v: u32) {
+        self.atomic().store(v, Ordering::Release);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u32 {
+        self.atomic().load(Ordering::Acquire)
+    }
+
+    pub(crate) fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+
+    pub(crate) fn device_id(&self) -> usize {
+        self.buf.device.id()
+    }
+}
+
+/// A borrowed range of pinned host memory: a source of an async copy.
+#[derive(Clone, Copy, Debug)]
+pub struct HostSlice<'a, T> {
+    pub(crate) ptr: *const T,
+    pub(crate) len: usize,
+    pub(crate) device_id: usize,
+    _p: PhantomData<&'a [T]>,
+}
+
+/// A mutably borrowed range of pinned host memory: a destination.
+#[derive(Debug)]
+pub struct HostSliceMut<'a, T> {
+    pub(crate) ptr: *mut T,
+    pub(crate) len: usize,
+    pub(crate) device_id: usize,
+    _p: PhantomData<&'a mut [T]>,
+}
+
+/// A range of a device buffer. Device memory is only touched through stream
+/// commands, which the stream orders, so a shared borrow suffices.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSlice<'a, T> {
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) device_id: usize,
+    _p: PhantomData<&'a T>,
+}
+
+fn bounds(r: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match r.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match r.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfBounds { start, end, len });
+    }
+    Ok((start, end))
+}
+
+impl<'a, T> HostSlice<'a, T> {
+    /// A sub-range.
+    pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
+        let (s, e) = bounds(r, self.len)?;
+        // SAFETY: s <= len: inside the allocation.
+        Ok(HostSlice {
+            ptr: unsafe { self.ptr.add(s) },
+            len: e - s,
+            ..self
+        })
+    }
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<'a, T> HostSliceMut<'a, T> {
+    /// A sub-range.
+    pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
+        let (s, e) = bounds(r, self.len)?;
+        // SAFETY: s <= len: inside the allocation.
+        Ok(HostSliceMut {
+            ptr: unsafe { self.ptr.add(s) },
+            len: e - s,
+            ..self
+        })
+    }
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<'a, T> DeviceSlice<'a, T> {
+    /// A sub-range.
+    pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
+        let (s, e) = bounds(r, self.len)?;
+        let offset = byte_size::<T>(s)? as u64;
+        Ok(DeviceSlice {
+            addr: self.addr + offset,
+            len: e - s,
+            ..self
+        })
+    }
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Pinned host memory that async copies may use: pinned buffers, pool
+/// buffers and registered slices. Pageable memory (`Vec`, `&[T]`) does not
+/// implement it, so it cannot reach an async copy.
+pub trait PinnedHost<T: Pod> {
+    /// A source view of the whole memory.
+    fn host(&self) -> HostSlice<'_, T>;
+    /// A destination view of the whole memory.
+    fn host_mut(&mut self) -> HostSliceMut<'_, T>;
+}
+
+pub(crate) fn host_slice<'a, T>(ptr: *const T, len: usize, device_id: usize) -> HostSlice<'a, T> {
+    HostSlice {
+        ptr,
+        len,
+        device_id,
+        _p: PhantomData,
+    }
+}
+
+pub(crate) fn host_slice_mut<'a, T>(
+    ptr: *mut T,
+    len: usize,
+    device_id: usize,
+) -> HostSliceMut<'a, T> {
+    HostSliceMut {
+        ptr,
+        len,
+        device_id,
+        _p: PhantomData,
+    }
+}
+
+impl<T: Pod> PinnedHost<T> for PinnedBuffer<T> {
+    fn host(&self) -> HostSlice<'_, T> {
+        host_slice(self.raw_ptr(), self.len, self.device.id())
+    }
+    fn host_mut(&mut self) -> HostSliceMut<'_, T> {
+        host_slice_mut(self.raw_ptr(), self.len, self.device.id())
+    }
+}
+
+impl<T: Pod> PinnedHost<T> for Registered<T> {
+    fn host(&self) -> HostSlice<'_, T> {
+        host_slice(self.as_slice().as_ptr(), self.len(), self.device.id())
+    }
+    fn host_mut(&mut self) -> HostSliceMut<'_, T> {
+        let id = self.device.id();
+        let s = self.as_mut_slice();
+        host_slice_mut(s.as_mut_ptr(), s.len(), id)
+    }
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// # Safety
+/// `ptr` valid for reads of `len` initialised `T` for `'a` (any pointer when `len == 0`).
+pub(crate) unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(ptr, len) }
+}
+
+/// # Safety
+/// `ptr` valid for reads and writes of `len` initialised `T`, unaliased for `'a`.
+pub(crate) unsafe fn raw_slice_mut<'a, T>(ptr: *mut T, len: usize) -> &'a mut [T] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+}

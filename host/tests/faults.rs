@@ -1,0 +1,45 @@
+//! A trapping kernel breaks the context for good: every awaiting future
+//! resolves with a typed error (never a hang), and so does every later
+//! operation. Its own test binary: a trap poisons the whole CUDA context of
+//! the process.
+
+use futures::executor::block_on;
+use host::device::testing::backends;
+use host::{DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_trap_reaches_every_awaiting_future_and_every_later_call() {
+    for device in backends("trap_propagation") {
+        let t0 = Instant::now();
+        let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let n = 1 << 16;
+        let input = PinnedBuffer::<f32>::from_slice(&device, &vec![1.5; n]).unwrap();
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let before = s2.run((input, dev), |c, (i, d)| {
+            c.copy_h2d(i.host(), d.view())?;
+            c.kernel(Kernel::Scale { s: 2.0 }, d.view())
+        });
+        block_on(before).unwrap();
+        let trapped = s1.run((), |c, ()| c.trap());
+        let after = s1.record().unwrap();
+        let r = block_on(trapped);
+        assert!(
+            matches!(
+                r,
+                Err(host::Error::ContextBroken(_)) | Err(host::Error::KernelFault { .. })
+            ),
+            "{r:?}"
+        );
+        assert!(block_on(after.wait()).is_err());
+        // Every later operation reports the broken context.
+        assert!(device.broken().is_some());
+        let late = PinnedBuffer::<f32>::new(&device, 8);
+        assert!(
+            matches!(late, Err(host::Error::ContextBroken(_))),
+            "{late:?}"
+        );
+        assert!(Stream::new(&device).is_err());
+        assert!(t0.elapsed() < Duration::from_secs(30), "no hang");
+    }
+}

@@ -1,0 +1,428 @@
+//! Every test body runs against each backend present: the CPU emulation
+//! always, CUDA when a GPU is there (required with REQUIRE_GPU=1).
+
+use futures::executor::block_on;
+use host::device::testing::backends;
+use host::{
+    DeviceBuffer, HostFlags, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Registered,
+    Stream,
+};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n)
+        .map(|_| rng.f32() * 2.0 - 1.0)
+        .map(|v| if v == 0.0 { 0.25 } else { v })
+        .collect()
+}
+
+#[test]
+fn pinned_round_trip_on_random_data_with_every_flag() {
+    for device in backends("pinned_round_trip") {
+        let stream = Stream::new(&device).unwrap();
+        for flags in [
+            HostFlags::DEFAULT,
+            HostFlags {
+                write_combined: true,
+                ..HostFlags::DEFAULT
+            },
+            HostFlags {
+                device_mapped: true,
+                ..HostFlags::DEFAULT
+            },
+            HostFlags {
+                portable: false,
+                ..HostFlags::DEFAULT
+            },
+        ] {
+            for n in [0usize, 1, 5, 1023, (1 << 20) + 3] {
+                let data = random(n, n as u64);
+                let mut src = PinnedBuffer::<f32>::with_flags(&device, n, flags).unwrap();
+                assert!(
+                    src.as_slice().iter().all(|v| *v == 0.0),
+                    "fresh pinned memory is zeroed"
+                );
+                src.as_mut_slice().copy_from_slice(&data);
+                assert_eq!(src.byte_len(), n * 4);
+                assert_eq!(src.flags(), flags);
+                let dst = PinnedBuffer::<f32>::new(&device, n).unwrap();
+                let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+                let ((src, _dev, dst), ()) =
+                    block_on(stream.run((src, dev, dst), |c, (s, d, o)| {
+                        c.copy_h2d(s.host(), d.view())?;
+                        c.copy_d2h(d.view(), o.host_mut())
+                    }))
+                    .unwrap();
+                assert_eq!(
+                    dst.as_slice(),
+                    &data[..],
+                    "{:?} n={n} flags={flags:?}",
+                    device.kind()
+                );
+                assert_eq!(src.as_slice(), &data[..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn element_types_keep_their_alignment() {
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable, PartialEq, Debug)]
+    #[repr(C, align(64))]
+    struct Wide([u8; 64]);
+    for device in backends("element_alignment") {
+        let mut b = PinnedBuffer::<Wide>::new(&device, 3).unwrap();
+        assert_eq!(b.as_slice().as_ptr() as usize % 64, 0);
+        b.as_mut_slice()[2] = Wide([7; 64]);
+        let pool = PinnedPool::new(&device);
+        let p = pool.alloc::<u64>(9).unwrap();
+        assert_eq!(p.as_slice().as_ptr() as usize % 8, 0);
+        let b16 = PinnedBuffer::<u16>::from_slice(&device, &[1, 2, 3]).unwrap();
+        assert_eq!(b16.as_slice(), &[1, 2, 3]);
+    }
+}
+
+#[test]
+fn kernels_on_device_match_the_cpu_bit_for_bit() {
+    for device in backends("kernels_match_cpu") {
+        let stream = Stream::new(&device).unwrap();
+        for kernel in [Kernel::Scale { s: -2.5 }, Kernel::Intensity { k: 33 }] {
+            for n in [1usize, 3, 4, 5, 1023, (1 << 20) + 3] {
+                let x = random(n, 99 + n as u64);
+                let input = PinnedBuffer::from_slice(&device, &x).unwrap();
+                let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+                let dev = DeviceBuffer::<f32>::new(&device, n + 3).unwrap();
+                // Work on a sub-range that starts 1..3 floats into the device buffer.
+                for off in 0..4 {
+                    let ((i, d, o), ()) = block_on(stream.run(
+                        (
+                            input.clone_pinned(&device),
+                            dev_clone(&device, n + 3),
+                            PinnedBuffer::<f32>::new(&device, n).unwrap(),
+                        ),
+                        |c, (i, d, o)| {
+                            let sub = d.view().range(off..off + n)?;
+                            c.copy_h2d(i.host(), sub)?;
+                            c.kernel(kernel, sub)?;
+                            c.copy_d2h(sub, o.host_mut())
+                        },
+                    ))
+                    .unwrap();
+                    for (j, (g, v)) in o.as_slice().iter().zip(&x).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            kernel.reference(*v).to_bits(),
+                            "{:?} {kernel:?} n={n} off={off} j={j}",
+                            device.kind()
+                        );
+                    }
+                    drop((i, d));
+                }
+                drop((input, out, dev));
+            }
+        }
+    }
+}
+
+trait ClonePinned {
+    fn clone_pinned(&self, device: &host::Device) -> Self;
+}
+impl ClonePinned for PinnedBuffer<f32> {
+    fn clone_pinned(&self, device: &host::Device) -> Self {
+        PinnedBuffer::from_slice(device, self.as_slice()).unwrap()
+    }
+}
+fn dev_clone(device: &host::Device, n: usize) -> DeviceBuffer<f32> {
+    DeviceBuffer::new(device, n).unwrap()
+}
+
+#[test]
+fn registered_memory_round_trips_and_unregisters() {
+    for device in backends("registered_round_trip") {
+        let stream = Stream::new(&device).unwrap();
+        let data = random(100_003, 5);
+        let reg_in = Registered::new(&device, data.clone()).unwrap();
+        let reg_out = Registered::new(&device, vec![0f32; data.len()]).unwrap();
+        let dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
+        let ((reg_in, _d, reg_out), ()) =
+            block_on(stream.run((reg_in, dev, reg_out), |c, (i, d, o)| {
+                c.copy_h2d(i.host(), d.view())?;
+                c.kernel(Kernel::Scale { s: 2.0 }, d.view())?;
+                c.copy_d2h(d.view(), o.host_mut())
+            }))
+            .unwrap();
+        assert_eq!(reg_in.as_slice(), &data[..]);
+        let out = reg_out.into_inner(); // unregisters
+        for (o, d) in out.iter().zip(&data) {
+            assert_eq!(*o, d * 2.0);
+        }
+        // Registering the same memory again works: the guard unregistered it.
+        let again = Registered::new(&device, out).unwrap();
+        assert_eq!(again.len(), data.len());
+    }
+}
+
+#[test]
+fn pageable_memory_has_a_synchronous_path() {
+    for device in backends("pageable_sync_path") {
+        let data = random(4097, 11);
+        let mut dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
+        dev.copy_from_host_sync(&data).unwrap();
+        let mut back = vec![0f32; data.len()];
+        dev.copy_to_host_sync(&mut back).unwrap();
+        assert_eq!(back, data);
+        assert!(matches!(
+            dev.copy_to_host_sync(&mut back[..3]),
+            Err(host::Error::LengthMismatch { .. })
+        ));
+    }
+}
+
+#[test]
+fn bad_lengths_and_ranges_get_typed_errors() {
+    for device in backends("bad_lengths") {
+        let stream = Stream::new(&device).unwrap();
+        let a = PinnedBuffer::<f32>::new(&device, 10).unwrap();
+        let d = DeviceBuffer::<f32>::new(&device, 11).unwrap();
+        let r = block_on(stream.run((a, d), |c, (a, d)| c.copy_h2d(a.host(), d.view())));
+        assert!(
+            matches!(
+                r,
+                Err(host::Error::LengthMismatch {
+                    expected: 10,
+                    got: 11,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        let d = DeviceBuffer::<f32>::new(&device, 4).unwrap();
+        assert!(matches!(
+            d.view().range(2..9),
+            Err(host::Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            PinnedBuffer::<f32>::new(&device, usize::MAX / 2),
+            Err(host::Error::SizeOverflow { .. })
+        ));
+        // The stream is still usable.
+        stream.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn buffers_of_another_backend_are_rejected() {
+    let cpu_a = host::Device::cpu();
+    let cpu_b = host::Device::cpu();
+    let stream = Stream::new(&cpu_a).unwrap();
+    let foreign = PinnedBuffer::<f32>::new(&cpu_b, 4).unwrap();
+    let d = DeviceBuffer::<f32>::new(&cpu_a, 4).unwrap();
+    let r = block_on(stream.run((foreign, d), |c, (h, d)| c.copy_h2d(h.host(), d.view())));
+    assert!(matches!(r, Err(host::Error::InvalidArgument(_))), "{r:?}");
+}
+
+#[test]
+fn pool_reuses_blocks_and_returns_to_baseline() {
+    for device in backends("pool_reuse") {
+        let pool = PinnedPool::new(&device);
+        let base = pool.stats();
+        let a = pool.alloc::<f32>(1000).unwrap();
+        let pa = a.as_ptr();
+        assert_eq!(a.block_bytes(), 4096);
+        drop(a);
+        let b = pool.alloc::<f32>(900).unwrap(); // same size class
+        assert_eq!(b.as_ptr(), pa, "a block of the same class is reused");
+        let s = pool.stats();
+        assert_eq!((s.hits, s.misses), (base.hits + 1, base.misses + 1));
+        assert_eq!(s.in_use_bytes, 4096);
+        drop(b);
+        let s = pool.stats();
+        assert_eq!(
+            (s.in_use_bytes, s.cached_bytes, s.blocks_in_use),
+            (0, 4096, 0)
+        );
+        pool.empty_cache();
+        let s = pool.stats();
+        assert_eq!((s.in_use_bytes, s.cached_bytes), (0, 0));
+        assert_eq!(s.driver_allocs, s.driver_frees);
+        // A cap frees blocks beyond it on return.
+        pool.set_max_cached_bytes(8192);
+        let bufs: Vec<_> = (0..4).map(|_| pool.alloc::<u8>(4096).unwrap()).collect();
+        drop(bufs);
+        assert_eq!(pool.stats().cached_bytes, 8192);
+        pool.empty_cache();
+        assert_eq!(pool.stats().cached_bytes, 0);
+    }
+}
+
+#[test]
+fn pool_is_safe_from_many_threads() {
+    for device in backends("pool_threads") {
+        let pool = PinnedPool::new(&device);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let pool = pool.clone();
+                s.spawn(move || {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    for _ in 0..500 {
+                        let n = rng.usize(1..20_000);
+                        let mut b = pool.alloc::<u32>(n).unwrap();
+                        b.as_mut_slice().fill(t as u32);
+                        assert!(
+                            b.as_slice().iter().all(|v| *v == t as u32),
+                            "no two threads share a block"
+                        );
+                    }
+                });
+            }
+        });
+        let s = pool.stats();
+        assert_eq!((s.in_use_bytes, s.blocks_in_use), (0, 0));
+        assert_eq!(s.hits + s.misses, 8 * 500);
+        assert!(
+            s.hits > s.misses,
+            "most allocations are served from the cache: {s:?}"
+        );
+    }
+}
+
+#[test]
+fn pool_reuse_is_held_back_while_gpu_work_is_in_flight() {
+    for device in backends("pool_gate") {
+        let pool = PinnedPool::new(&device);
+        let stream = Stream::new(&device).unwrap();
+        let gate = std::sync::Arc::new(MappedFlag::new(&device).unwrap());
+        let n = 1 << 16;
+        let mut staging = pool.alloc::<f32>(n).unwrap();
+        staging.as_mut_slice().copy_from_slice(&random(n, 3));
+        let first = staging.as_ptr();
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        // Hold the stream on the gate, then queue a copy from the pool buffer.
+        let g = gate.clone();
+        let job = stream.run((g, staging, dev), |c, (g, s, d)| {
+            c.gate(g)?;
+            c.copy_h2d(s.host(), d.view())
+        });
+        drop(job); // cancelled while held: the buffer must not return yet
+        let other = pool.alloc::<f32>(n).unwrap();
+        assert_ne!(
+            other.as_ptr(),
+            first,
+            "a block still in flight was handed out again"
+        );
+        assert_eq!(pool.stats().blocks_in_use, 2);
+        drop(other);
+        gate.set(1);
+        stream.synchronize().unwrap();
+        // The completion source released the job's bundle: the block is back.
+        let mut seen = false;
+        for _ in 0..2 {
+            let b = pool.alloc::<f32>(n).unwrap();
+            seen |= b.as_ptr() == first;
+            std::mem::forget(b.as_ptr());
+            drop(b);
+        }
+        let again: Vec<_> = (0..2).map(|_| pool.alloc::<f32>(n).unwrap()).collect();
+        seen |= again.iter().any(|b| b.as_ptr() == first);
+        assert!(
+            seen,
+            "the block returned to the pool after the GPU finished"
+        );
+        drop(again);
+        let s = pool.stats();
+        assert_eq!((s.in_use_bytes, s.blocks_in_use), (0, 0), "{s:?}");
+    }
+}
+
+#[test]
+fn events_order_work_across_streams() {
+    for device in backends("cross_stream_order") {
+        let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let gate = std::sync::Arc::new(MappedFlag::new(&device).unwrap());
+        let n = 1 << 18;
+        let x = random(n, 21);
+        let dev = std::sync::Arc::new(DeviceBuffer::<f32>::new(&device, n).unwrap());
+        let input = PinnedBuffer::from_slice(&device, &x).unwrap();
+        // s1: gate, then upload. s2 waits for s1's event, then scales and downloads.
+        let g = gate.clone();
+        let (d1, d2) = (dev.clone(), dev.clone());
+        let upload = s1.run((g, input, d1), |c, (g, i, d)| {
+            c.gate(g)?;
+            c.copy_h2d(i.host(), d.view())
+        });
+        let uploaded = s1.record().unwrap();
+        s2.wait_event(&uploaded).unwrap();
+        let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+        let compute = s2.run((d2, out), |c, (d, o)| {
+            c.kernel(Kernel::Scale { s: 3.0 }, d.view())?;
+            c.copy_d2h(d.view(), o.host_mut())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!compute.is_done(), "s2 must wait for s1's gated upload");
+        gate.set(1);
+        block_on(upload).unwrap();
+        let ((_, out), ()) = block_on(compute).unwrap();
+        for (o, v) in out.as_slice().iter().zip(&x) {
+            assert_eq!(*o, v * 3.0);
+        }
+    }
+}
+
+#[test]
+fn futures_work_under_tokio_too() {
+    for device in backends("tokio_runtime") {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let x = random(50_000, 8);
+        let got = rt.block_on(async {
+            let stream = Stream::new(&device).unwrap();
+            let pool = PinnedPool::new(&device);
+            let mut i = pool.alloc::<f32>(x.len()).unwrap();
+            i.as_mut_slice().copy_from_slice(&x);
+            let o = pool.alloc::<f32>(x.len()).unwrap();
+            let d = DeviceBuffer::<f32>::new(&device, x.len()).unwrap();
+            let ((_, _, o), ()) = stream
+                .run((i, d, o), |c, (i, d, o)| {
+                    c.copy_h2d(i.host(), d.view())?;
+                    c.kernel(Kernel::Scale { s: 0.5 }, d.view())?;
+                    c.copy_d2h(d.view(), o.host_mut())
+                })
+                .await
+                .unwrap();
+            o.as_slice().to_vec()
+        });
+        assert!(got.iter().zip(&x).all(|(g, v)| *g == v * 0.5));
+    }
+}
+
+#[test]
+fn the_cpu_thread_is_free_while_a_large_copy_is_in_flight() {
+    for device in backends("non_blocking_copy") {
+        let n = if device.kind() == host::BackendKind::Cuda {
+            1 << 28
+        } else {
+            1 << 24
+        }; // 1 GiB on the GPU
+        let stream = Stream::new(&device).unwrap();
+        let src = PinnedBuffer::<f32>::from_slice(&device, &random(n, 1)).unwrap();
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let t0 = std::time::Instant::now();
+        let job = stream.copy_h2d(src, dev);
+        let enqueue = t0.elapsed();
+        // Work on the CPU while the copy runs.
+        let mut spins = 0u64;
+        while !job.is_done() {
+            spins += 1;
+            std::hint::black_box(spins);
+        }
+        let total = t0.elapsed();
+        block_on(job).unwrap();
+        assert!(spins > 0, "the CPU did work while the copy was in flight");
+        assert!(
+            enqueue * 10 < total,
+            "enqueue {enqueue:?} must be a small part of the copy {total:?}"
+        );
+    }
+}
