@@ -130,6 +130,23 @@ pub(crate) struct EventHandle(sys::CUevent);
 unsafe impl Send for EventHandle {}
 // SAFETY: as above; record/query/synchronize are thread-safe driver calls.
 unsafe impl Sync for EventHandle {}
+impl EventHandle {
+    /// `cuEventSynchronize` on the calling thread: the baseline the watcher's
+    /// wake-up is measured against.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is alive while &self is.
+        let r = unsafe { sys::cuEventSynchronize(self.0) };
+        if r == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::Driver {
+                call: "cuEventSynchronize",
+                code: code_name(r),
+            })
+        }
+    }
+}
+
 impl Drop for EventHandle {
     fn drop(&mut self) {
         // SAFETY: we own the event; the driver defers destruction of a pending event.

@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> host::Result<()> {
-//! use host::{Device, DeviceBuffer, Kernel, PinnedPool, Stream};
+//! use host::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Stream};
 //! let device = Device::from_env()?;
 //! let pool = PinnedPool::new(&device);
 //! let stream = Stream::new(&device)?;
@@ -35,6 +35,7 @@
 //! ```
 
 pub mod backend;
+pub mod compare;
 pub mod completion;
 mod cpu;
 mod cuda;
@@ -42,11 +43,13 @@ pub mod device;
 pub mod error;
 pub mod kernel;
 pub mod memory;
+pub mod pipeline;
 pub mod pool;
 pub mod ptx;
 pub mod stream;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
+pub use compare::{compare_sync_async, Comparison};
 pub use cpu::{memlock_limit, LockPolicy};
 pub use cuda::{driver_present, WaitMode};
 pub use device::{BackendChoice, Device, DeviceOptions};
@@ -56,5 +59,6 @@ pub use memory::{
     DeviceBuffer, DeviceSlice, HostSlice, HostSliceMut, MappedFlag, PinnedBuffer, PinnedHost,
     Registered,
 };
+pub use pipeline::{Pipeline, Plan};
 pub use pool::{PinnedPool, PoolStats, PooledBuffer};
 pub use stream::{Commands, Event, Job, Stream};

@@ -19,27 +19,70 @@ struct Cli {
     /// Directory for results (JSON, CSV, plots).
     #[arg(long, global = true, default_value = "out")]
     out_dir: PathBuf,
+    /// How CUDA completion is awaited: spin or blocking.
+    #[arg(long, global = true, default_value = "spin")]
+    wait: String,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// The whole demonstration (the default).
+    Demo {
+        /// Small sizes (what CI runs on the CPU emulation).
+        #[arg(long)]
+        small: bool,
+    },
     /// Print the kernels' PTX and list its entry points.
     Ptx {
         /// Write the PTX to this file instead of printing it.
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Check every kernel against the CPU bit for bit, and time `scale`
-    /// against a device-to-device copy.
+    /// Check every kernel against the CPU bit for bit; time `scale` against a device copy.
     Kernels {
-        /// Elements.
         #[arg(long, default_value_t = 100_000_000)]
         n: usize,
-        /// Write JSON results here.
+    },
+    /// Pinned vs pageable bandwidth, raw driver copies, allocation cost.
+    Bandwidth {
+        /// Largest copy in MiB.
+        #[arg(long, default_value_t = 1024)]
+        max_mib: usize,
+    },
+    /// Wake latency of awaited events and CPU cost per awaited operation.
+    Latency {
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
+    },
+    /// compare_sync_async for the given sizes (floats).
+    Compare {
+        #[arg(long, value_delimiter = ',', default_value = "10000000,100000000")]
+        sizes: Vec<usize>,
+        /// FMAs per element for the intensity kernel; scale when absent.
         #[arg(long)]
-        json: Option<PathBuf>,
+        k: Option<u32>,
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+    },
+    /// Sync vs pipelined over sizes.
+    Sweep {
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "100000,1000000,10000000,100000000,1000000000"
+        )]
+        sizes: Vec<usize>,
+    },
+    /// Draw the stream/engine timeline of one pipelined run.
+    Timeline {
+        #[arg(long, default_value_t = 100_000_000)]
+        n: usize,
+        #[arg(long)]
+        chunks: Option<usize>,
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
     },
 }
 
@@ -59,15 +102,48 @@ fn run(cli: Cli) -> host::Result<()> {
     if let Some(b) = &cli.backend {
         opts.backend = b.parse()?;
     }
+    opts.wait_mode = match cli.wait.as_str() {
+        "spin" => host::WaitMode::Spin,
+        "blocking" => host::WaitMode::Blocking,
+        other => {
+            return Err(host::Error::InvalidArgument(format!(
+                "--wait {other}: use spin or blocking"
+            )))
+        }
+    };
     let device = host::Device::open(opts)?;
     println!("{}", device.banner());
-    match cli.cmd {
-        Some(Cmd::Kernels { n, json }) => demo::kernels::run(&device, n, json.as_deref()),
-        Some(Cmd::Ptx { .. }) => Ok(()),
-        None => demo::kernels::run(
-            &device,
-            100_000_000,
-            Some(&cli.out_dir.join("kernels.json")),
-        ),
+    let out = cli.out_dir;
+    std::fs::create_dir_all(&out)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let pool = host::PinnedPool::new(&device);
+    match cli.cmd.unwrap_or(Cmd::Demo { small: false }) {
+        Cmd::Demo { small } => demo::full(&rt, &device, &opts, small, &out),
+        Cmd::Ptx { .. } => Ok(()),
+        Cmd::Kernels { n } => demo::kernels::run(&device, n, Some(&out.join("kernels.json"))),
+        Cmd::Bandwidth { max_mib } => {
+            demo::bandwidth(&device, max_mib << 20, &[64 << 20, 1 << 30], &out)
+        }
+        Cmd::Latency { samples } => demo::latency(&opts, samples, &out),
+        Cmd::Compare { sizes, k, reps } => {
+            let kernel = k.map_or(host::Kernel::Scale { s: 1.5 }, |k| {
+                host::Kernel::Intensity { k }
+            });
+            let cases: Vec<_> = sizes.iter().map(|&n| (n, kernel)).collect();
+            let pipe = host::Pipeline::new(&device, 4)?;
+            rt.block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out))
+                .map(|_| ())
+        }
+        Cmd::Sweep { sizes } => {
+            let pipe = host::Pipeline::new(&device, 4)?;
+            rt.block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
+        }
+        Cmd::Timeline { n, chunks, streams } => {
+            let pipe = host::Pipeline::new(&device, streams)?;
+            let plan = chunks.map_or(host::Plan::auto(n), |chunks| host::Plan { chunks, streams });
+            rt.block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
+        }
     }
 }

@@ -414,8 +414,9 @@ impl<'a, T> HostSlice<'a, T> {
     pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
         let (s, e) = bounds(r, self.len)?;
         // SAFETY: s <= len: inside the allocation.
+        let ptr = unsafe { self.ptr.add(s) };
         Ok(HostSlice {
-            ptr: unsafe { self.ptr.add(s) },
+            ptr,
             len: e - s,
             ..self
         })
@@ -435,8 +436,9 @@ impl<'a, T> HostSliceMut<'a, T> {
     pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
         let (s, e) = bounds(r, self.len)?;
         // SAFETY: s <= len: inside the allocation.
+        let ptr = unsafe { self.ptr.add(s) };
         Ok(HostSliceMut {
-            ptr: unsafe { self.ptr.add(s) },
+            ptr,
             len: e - s,
             ..self
         })

@@ -72,6 +72,16 @@ impl Event {
         self.raw.completion.block()
     }
 
+    /// Blocks in the driver's own event wait on the calling thread
+    /// (`cuEventSynchronize`), bypassing the completion source: the baseline
+    /// of the wake-latency benchmark. On the CPU backend, same as `synchronize`.
+    pub fn synchronize_direct(&self) -> Result<()> {
+        match &self.raw.timer {
+            crate::backend::Timer::Cuda(h) => h.synchronize(),
+            crate::backend::Timer::Cpu(_) => self.synchronize(),
+        }
+    }
+
     /// GPU milliseconds from this event to `later` (both timed and done).
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
         self.device
@@ -151,15 +161,11 @@ impl Stream {
         let outcome = f(&mut cmds, &mut bundle);
         let enqueued = cmds.enqueued;
         let state = match (outcome, self.raw.record(false)) {
-            (Ok(value), Ok(ev)) => JobState::Pending {
+            (outcome, Ok(ev)) => JobState::Pending {
                 completion: ev.completion,
                 bundle,
-                value: Some(Ok(value)),
-            },
-            (Err(e), Ok(ev)) => JobState::Pending {
-                completion: ev.completion,
-                bundle,
-                value: Some(Err(e)),
+                value: Some(outcome),
+                keep: None,
             },
             (outcome, Err(record_err)) => {
                 if enqueued > 0 {
@@ -222,6 +228,28 @@ pub struct Commands<'a> {
 }
 
 impl<'a> Commands<'a> {
+    /// Commands on `stream` with no bundle borrow: for crate code that keeps
+    /// the memory alive by other means (the pipeline owns its buffers in a
+    /// job joined over all its streams).
+    ///
+    /// # Safety
+    /// Every host slice and device address given to these commands must stay
+    /// valid, and host memory untouched by the CPU, until a point recorded on
+    /// `stream` after them has completed.
+    pub(crate) unsafe fn unbound(stream: &'a Stream) -> Commands<'a> {
+        Commands {
+            raw: &*stream.raw,
+            device_id: stream.device.id(),
+            enqueued: 0,
+            _p: PhantomData,
+        }
+    }
+
+    /// How many commands were enqueued so far.
+    pub(crate) fn enqueued(&self) -> usize {
+        self.enqueued
+    }
+
     fn same_device(&self, id: usize) -> Result<()> {
         if id != self.device_id {
             return Err(Error::InvalidArgument(
@@ -364,6 +392,8 @@ enum JobState<B, R> {
         completion: Completion,
         bundle: B,
         value: Option<Result<R>>,
+        /// Owned by the job until completion, never handed back.
+        keep: Option<Box<dyn Send>>,
     },
     Failed(Option<Error>),
     Done,
@@ -377,6 +407,31 @@ pub struct Job<B: Send + 'static, R> {
 }
 
 impl<B: Send + 'static, R> Job<B, R> {
+    /// A job that owns `bundle` until `completion`, then yields `value`.
+    /// `keep` is dropped at completion too, but not handed back.
+    pub(crate) fn from_parts(
+        completion: Completion,
+        bundle: B,
+        value: Result<R>,
+        keep: Option<Box<dyn Send>>,
+    ) -> Self {
+        Job {
+            state: JobState::Pending {
+                completion,
+                bundle,
+                value: Some(value),
+                keep,
+            },
+        }
+    }
+
+    /// A job that failed before any work was queued for it.
+    pub(crate) fn failed(e: Error) -> Self {
+        Job {
+            state: JobState::Failed(Some(e)),
+        }
+    }
+
     /// Whether the GPU has finished the job's work.
     pub fn is_done(&self) -> bool {
         match &self.state {
@@ -419,7 +474,13 @@ impl<B: Send + 'static, R> Future for Job<B, R> {
             }
         };
         match std::mem::replace(&mut self.state, JobState::Done) {
-            JobState::Pending { bundle, value, .. } => {
+            JobState::Pending {
+                bundle,
+                value,
+                keep,
+                ..
+            } => {
+                drop(keep);
                 let value = value.unwrap_or(Err(Error::InvalidArgument("job value taken".into())));
                 Poll::Ready(done.and(value).map(|v| (bundle, v)))
             }

@@ -1,5 +1,319 @@
-//! The demonstration's parts; each is a subcommand.
+//! The demonstration's parts; each is a subcommand, and `demo` runs them all.
 
+pub mod bandwidth;
 pub mod kernels;
+pub mod latency;
+pub mod pipeline;
+pub mod plots;
 pub mod ptx;
 pub mod report;
+
+use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{write_json, Meta};
+use serde::Serialize;
+use std::path::Path;
+
+/// Sizes of one demonstration run: the full set on a GPU, a small one on
+/// the CPU emulation (CI runs it there).
+pub struct Scale {
+    pub kernels_n: usize,
+    pub bandwidth_max: usize,
+    pub alloc_sizes: Vec<usize>,
+    pub latency_samples: usize,
+    pub compare: Vec<(usize, Kernel)>,
+    pub sweep: Vec<usize>,
+    pub timeline_n: usize,
+    pub reps: usize,
+}
+
+impl Scale {
+    pub fn for_device(device: &Device, small: bool) -> Scale {
+        if small || device.kind() == BackendKind::Cpu {
+            Scale {
+                kernels_n: 1_000_003,
+                bandwidth_max: 16 << 20,
+                alloc_sizes: vec![4 << 20],
+                latency_samples: 200,
+                compare: vec![
+                    (100_000, Kernel::Scale { s: 1.5 }),
+                    (1_000_000, Kernel::Scale { s: 1.5 }),
+                    (1_000_000, Kernel::Intensity { k: 1 }),
+                    (1_000_000, Kernel::Intensity { k: 8 }),
+                    (1_000_000, Kernel::Intensity { k: 64 }),
+                ],
+                sweep: vec![10_000, 100_000, 1_000_000, 3_000_000],
+                timeline_n: 1_000_000,
+                reps: 5,
+            }
+        } else {
+            Scale {
+                kernels_n: 100_000_000,
+                bandwidth_max: 1 << 30,
+                alloc_sizes: vec![64 << 20, 1 << 30],
+                latency_samples: 1000,
+                compare: vec![
+                    (10_000_000, Kernel::Scale { s: 1.5 }),
+                    (100_000_000, Kernel::Scale { s: 1.5 }),
+                    (100_000_000, Kernel::Intensity { k: 1 }),
+                    (100_000_000, Kernel::Intensity { k: 2048 }),
+                    (100_000_000, Kernel::Intensity { k: 16384 }),
+                ],
+                sweep: vec![
+                    100_000,
+                    300_000,
+                    1_000_000,
+                    3_000_000,
+                    10_000_000,
+                    30_000_000,
+                    100_000_000,
+                    300_000_000,
+                    1_000_000_000,
+                ],
+                timeline_n: 100_000_000,
+                reps: 10,
+            }
+        }
+    }
+}
+
+pub fn progress(len: u64) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
+        pb.set_style(style);
+    }
+    pb
+}
+
+#[derive(Serialize)]
+struct CompareFile<'a> {
+    meta: Meta,
+    comparisons: &'a [host::Comparison],
+    pool: host::PoolStats,
+}
+
+#[derive(Serialize)]
+struct SweepFile<'a> {
+    meta: Meta,
+    rows: &'a [host::Comparison],
+}
+
+#[derive(Serialize)]
+struct TimelineFile<'a> {
+    meta: Meta,
+    n: usize,
+    plan: host::Plan,
+    chunks: &'a [pipeline::TimelineRow],
+}
+
+/// `host compare`: compare_sync_async for each case, written to compare.json
+/// and (in the peers' schema) host-rust.json.
+pub async fn compare(
+    device: &Device,
+    pool: &PinnedPool,
+    pipe: &Pipeline,
+    cases: &[(usize, Kernel)],
+    reps: usize,
+    out: &Path,
+) -> host::Result<Vec<host::Comparison>> {
+    println!("\ncompare_sync_async (medians of {reps}; each pipelined case tries the plans of the peers' grid and keeps the best):");
+    let comps = pipeline::compare_all(device, pool, pipe, cases, reps).await?;
+    write_json(
+        &out.join("compare.json"),
+        &CompareFile {
+            meta: Meta::new(device),
+            comparisons: &comps,
+            pool: pool.stats(),
+        },
+    )?;
+    write_json(
+        &out.join("host-rust.json"),
+        &pipeline::peer_json(device, &comps),
+    )?;
+    if comps.iter().any(|c| !c.verified) {
+        return Err(host::Error::InvalidArgument(
+            "a pipelined result differs from the CPU reference".into(),
+        ));
+    }
+    Ok(comps)
+}
+
+/// `host sweep`.
+pub async fn sweep(
+    device: &Device,
+    pool: &PinnedPool,
+    pipe: &Pipeline,
+    sizes: &[usize],
+    out: &Path,
+) -> host::Result<()> {
+    let pb = progress(sizes.len() as u64);
+    let rows = pipeline::sweep(device, pool, pipe, sizes, &pb).await?;
+    pb.finish_and_clear();
+    pipeline::print_sweep(&rows);
+    write_json(
+        &out.join("sweep.json"),
+        &SweepFile {
+            meta: Meta::new(device),
+            rows: &rows,
+        },
+    )?;
+    pipeline::write_sweep_csv(&out.join("sweep.csv"), &rows)?;
+    pipeline::plot_sweep(&out.join("time_vs_size.svg"), &rows, &device.info().name)?;
+    if rows.iter().any(|c| !c.verified) {
+        return Err(host::Error::InvalidArgument(
+            "a sweep result differs from the CPU reference".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `host timeline`.
+pub async fn timeline(
+    device: &Device,
+    pool: &PinnedPool,
+    pipe: &Pipeline,
+    n: usize,
+    plan: host::Plan,
+    out: &Path,
+) -> host::Result<()> {
+    let rows = pipeline::timeline(device, pool, pipe, n, plan, &out.join("timeline.svg")).await?;
+    write_json(
+        &out.join("timeline.json"),
+        &TimelineFile {
+            meta: Meta::new(device),
+            n,
+            plan,
+            chunks: &rows,
+        },
+    )?;
+    Ok(())
+}
+
+/// `host bandwidth`.
+pub fn bandwidth(
+    device: &Device,
+    max: usize,
+    alloc_sizes: &[usize],
+    out: &Path,
+) -> host::Result<()> {
+    let pb = progress((bandwidth::sizes(max).len() + alloc_sizes.len()) as u64);
+    let res = bandwidth::run(device, max, alloc_sizes, &pb)?;
+    pb.finish_and_clear();
+    bandwidth::print(&res);
+    write_json(&out.join("bandwidth.json"), &res)?;
+    let mut csv = String::from(
+        "bytes,h2d_pinned,h2d_raw,h2d_pageable,d2h_pinned,d2h_raw,d2h_pageable,bidirectional\n",
+    );
+    for r in &res.rows {
+        let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+        csv += &format!(
+            "{},{:.3},{},{:.3},{:.3},{},{:.3},{:.3}\n",
+            r.bytes,
+            r.h2d_pinned,
+            f(r.h2d_raw),
+            r.h2d_pageable,
+            r.d2h_pinned,
+            f(r.d2h_raw),
+            r.d2h_pageable,
+            r.bidirectional
+        );
+    }
+    std::fs::write(out.join("bandwidth.csv"), csv)?;
+    let pts = |f: fn(&bandwidth::Row) -> f64| {
+        res.rows
+            .iter()
+            .map(|r| ((r.bytes >> 20) as f64, f(r)))
+            .collect::<Vec<_>>()
+    };
+    plots::lines(
+        &out.join("bandwidth.svg"),
+        &format!(
+            "copy bandwidth: pinned vs pageable ({})",
+            device.info().name
+        ),
+        "MiB per copy",
+        "GB/s (median)",
+        false,
+        &[
+            plots::Series {
+                name: "H2D pinned",
+                points: pts(|r| r.h2d_pinned),
+            },
+            plots::Series {
+                name: "D2H pinned",
+                points: pts(|r| r.d2h_pinned),
+            },
+            plots::Series {
+                name: "H2D pageable",
+                points: pts(|r| r.h2d_pageable),
+            },
+            plots::Series {
+                name: "D2H pageable",
+                points: pts(|r| r.d2h_pageable),
+            },
+            plots::Series {
+                name: "both directions (total)",
+                points: pts(|r| r.bidirectional),
+            },
+        ],
+    )
+}
+
+/// `host latency`.
+pub fn latency(opts: &DeviceOptions, samples: usize, out: &Path) -> host::Result<()> {
+    let res = latency::run(opts, samples)?;
+    latency::print(&res);
+    write_json(&out.join("latency.json"), &res)
+}
+
+/// The whole demonstration (no subcommand).
+pub fn full(
+    rt: &tokio::runtime::Runtime,
+    device: &Device,
+    opts: &DeviceOptions,
+    small: bool,
+    out: &Path,
+) -> host::Result<()> {
+    let t0 = std::time::Instant::now();
+    let scale = Scale::for_device(device, small);
+    if device.kind() == BackendKind::Cpu {
+        println!("note: CPU emulation — copies and kernels run on CPU threads; sizes are reduced and times say nothing about a GPU.");
+    }
+    std::fs::create_dir_all(out)?;
+    println!("\n== kernels: Rust-written PTX against the CPU");
+    kernels::run(device, scale.kernels_n, Some(&out.join("kernels.json")))?;
+    println!("\n== pinned vs pageable");
+    bandwidth(device, scale.bandwidth_max, &scale.alloc_sizes, out)?;
+    println!("\n== streams and events as futures");
+    latency(opts, scale.latency_samples, out)?;
+    let pool = PinnedPool::new(device);
+    let pipe = Pipeline::new(device, 4)?;
+    println!("\n== overlap");
+    let comps = rt.block_on(compare(
+        device,
+        &pool,
+        &pipe,
+        &scale.compare,
+        scale.reps,
+        out,
+    ))?;
+    println!("\n== size sweep");
+    rt.block_on(sweep(device, &pool, &pipe, &scale.sweep, out))?;
+    let plan = comps
+        .iter()
+        .find(|c| c.n == scale.timeline_n && matches!(c.kernel, Kernel::Scale { .. }))
+        .map_or(host::Plan::auto(scale.timeline_n), |c| c.plan);
+    println!("\n== timeline");
+    rt.block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
+    let s = pool.stats();
+    println!(
+        "\npool: {} hits, {} misses, peak {:.1} MiB in use, {:.1} ms in driver allocation, {:.1} ms in driver free, {} B in use now",
+        s.hits, s.misses, s.peak_in_use_bytes as f64 / 1048576.0, s.driver_alloc_ns as f64 / 1e6, s.driver_free_ns as f64 / 1e6, s.in_use_bytes
+    );
+    println!(
+        "\ndemonstration done in {:.1} s; results in {}",
+        t0.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
+}

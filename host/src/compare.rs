@@ -1,0 +1,323 @@
+//! `compare_sync_async`: the seed's experiment. The synchronous version runs
+//! copy, kernel and copy on one stream, each waited for; the pipelined one
+//! cuts the array into chunks over several streams. Both are timed on the
+//! host clock (what a caller waits), in the same run as the bidirectional copy
+//! bound: all bytes in and all bytes out at once, as two whole-array copies
+//! on two streams, which no schedule of these copies can beat.
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::memory::{DeviceBuffer, PinnedHost};
+use crate::pipeline::{Pipeline, Plan};
+use crate::pool::{PinnedPool, PooledBuffer};
+use crate::stream::Stream;
+use std::time::Instant;
+
+/// Results of one comparison (milliseconds are medians over the repetitions).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    /// Elements.
+    pub n: usize,
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Synchronous total.
+    pub sync_ms: f64,
+    /// Synchronous stages: host-to-device, kernel, device-to-host.
+    pub stage_ms: [f64; 3],
+    /// Pipelined total, with the best plan tried.
+    pub async_ms: f64,
+    /// The plan of `async_ms`.
+    pub plan: Plan,
+    /// Every plan tried, with its median.
+    pub plans: Vec<(Plan, f64)>,
+    /// sync / async.
+    pub speedup: f64,
+    /// (sum of stages - pipelined) / (sum of stages - longest stage): 0 is no
+    /// overlap, 1 is perfect overlap.
+    pub overlap: f64,
+    /// All bytes in and out at once, as two whole-array copies on two streams
+    /// (NaN when not measured).
+    pub bidir_bound_ms: f64,
+    /// async / bound (1.0 is the copy bound itself).
+    pub async_over_bound: f64,
+    /// Every checked output element equalled the CPU reference bit for bit.
+    pub verified: bool,
+    /// Elements checked: all of them, or for heavy kernels (n * k over 4e9
+    /// FMAs) the first and last 4096 plus a random sample of a million.
+    pub checked: usize,
+    /// Repetitions behind each median.
+    pub reps: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Fresh random floats in [-1, 1), never zero.
+pub fn random_floats(out: &mut [f32], seed: u64) {
+    let mut rng = fastrand_lite(seed);
+    for v in out {
+        let x = rng();
+        *v = if x == 0.0 { 0.5 } else { x };
+    }
+}
+
+/// A small xorshift generator: the library needs random test data without
+/// pulling a dependency into users' builds.
+fn fastrand_lite(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// What to compare.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Elements.
+    pub n: usize,
+    /// The kernel.
+    pub kernel: Kernel,
+    /// Plans the pipelined variant tries (empty: [`Plan::auto`]); the best counts.
+    pub plans: Vec<Plan>,
+    /// Repetitions of each variant (after one warm-up).
+    pub reps: usize,
+    /// Also measure the bidirectional copy bound.
+    pub with_bound: bool,
+}
+
+/// Runs the comparison described by `spec`.
+pub async fn compare(
+    device: &Device,
+    pool: &PinnedPool,
+    pipeline: &Pipeline,
+    spec: &Spec,
+) -> Result<Comparison> {
+    let Spec {
+        n,
+        kernel,
+        ref plans,
+        reps,
+        with_bound,
+    } = *spec;
+    if n == 0 {
+        return Err(Error::InvalidArgument(
+            "compare_sync_async needs at least one element".into(),
+        ));
+    }
+    let reps = reps.max(1);
+    let mut input: PooledBuffer<f32> = pool.alloc(n)?;
+    random_floats(input.as_mut_slice(), n as u64 ^ 0x9E37_79B9);
+    let mut output: PooledBuffer<f32> = pool.alloc(n)?;
+    let mut dev = DeviceBuffer::<f32>::new(device, n)?;
+    let stream = Stream::new(device)?;
+
+    // Synchronous: each stage waited for before the next is issued.
+    let (mut sync, mut stages) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
+    for _ in 0..=reps {
+        let t = Instant::now();
+        let ((i, d), ()) = stream.copy_h2d(input, dev).await?;
+        let h2d = ms(t);
+        let t1 = Instant::now();
+        let (d, ()) = stream.launch(kernel, d).await?;
+        let k = ms(t1);
+        let t2 = Instant::now();
+        let ((d, o), ()) = stream.copy_d2h(d, output).await?;
+        let d2h = ms(t2);
+        sync.push(ms(t));
+        for (s, v) in stages.iter_mut().zip([h2d, k, d2h]) {
+            s.push(v);
+        }
+        (input, dev, output) = (i, d, o);
+    }
+    // The first repetition is a warm-up.
+    sync.remove(0);
+    stages.iter_mut().for_each(|s| {
+        s.remove(0);
+    });
+    // The sync result after `reps + 1` applications is not checked: restore input.
+    drop(dev);
+
+    // Pipelined, for each plan; the input is re-read each time (the kernel
+    // writes only device scratch and the output).
+    let plans = if plans.is_empty() {
+        vec![Plan::auto(n)]
+    } else {
+        plans.to_vec()
+    };
+    let mut tried = Vec::new();
+    for &plan in &plans {
+        let mut times = Vec::new();
+        for _ in 0..=reps {
+            let t = Instant::now();
+            let ((i, o), _) = pipeline.run(input, output, kernel, plan, false).await?;
+            times.push(ms(t));
+            (input, output) = (i, o);
+        }
+        times.remove(0);
+        tried.push((plan, median(times)));
+    }
+    let (plan, async_ms) = tried
+        .iter()
+        .copied()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .ok_or_else(|| Error::InvalidArgument("no plan".into()))?;
+
+    // The last pipelined run's output, against the CPU, bit for bit.
+    let (checked, mismatches) = verify(kernel, input.as_slice(), output.as_slice());
+    let verified = mismatches == 0 && checked > 0;
+
+    // The bidirectional bound: n floats in on one stream while n floats go out
+    // on another.
+    drop((input, output));
+    let bound_ms = if with_bound {
+        bidirectional_ms(device, pool, n, reps).await?
+    } else {
+        f64::NAN
+    };
+
+    let stage_ms = [
+        median(stages[0].clone()),
+        median(stages[1].clone()),
+        median(stages[2].clone()),
+    ];
+    let sum: f64 = stage_ms.iter().sum();
+    let longest = stage_ms.iter().copied().fold(0.0, f64::max);
+    let sync_ms = median(sync);
+    Ok(Comparison {
+        n,
+        kernel,
+        sync_ms,
+        stage_ms,
+        async_ms,
+        plan,
+        plans: tried,
+        speedup: sync_ms / async_ms,
+        overlap: if sum > longest {
+            ((sum - async_ms) / (sum - longest)).clamp(-1.0, 1.0)
+        } else {
+            0.0
+        },
+        bidir_bound_ms: bound_ms,
+        async_over_bound: async_ms / bound_ms,
+        verified,
+        checked,
+        reps,
+    })
+}
+
+/// Checks `output` against the CPU reference of `kernel` on `input`, bit for
+/// bit, on all CPU threads: `(elements checked, mismatches)`.
+pub fn verify(kernel: Kernel, input: &[f32], output: &[f32]) -> (usize, usize) {
+    let n = input.len().min(output.len());
+    let work = match kernel {
+        Kernel::Intensity { k } => n as u64 * k.max(1) as u64,
+        Kernel::Scale { .. } => n as u64,
+    };
+    let indices: Vec<usize> = if work <= 4_000_000_000 {
+        (0..n).collect()
+    } else {
+        let mut next = fastrand_lite(0xA5A5);
+        let mut v: Vec<usize> = (0..n.min(4096)).chain(n.saturating_sub(4096)..n).collect();
+        v.extend((0..1_000_000).map(|_| ((next() + 1.0) * 0.5 * n as f32) as usize % n.max(1)));
+        v
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let chunk = indices.len().div_ceil(threads).max(1);
+    let bad: usize = std::thread::scope(|s| {
+        indices
+            .chunks(chunk)
+            .map(|c| {
+                s.spawn(move || {
+                    c.iter()
+                        .filter(|&&i| kernel.reference(input[i]).to_bits() != output[i].to_bits())
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap_or(usize::MAX / threads))
+            .sum()
+    });
+    (indices.len(), bad)
+}
+
+/// Median wall time of copying `n` floats in and `n` floats out at once.
+pub async fn bidirectional_ms(
+    device: &Device,
+    pool: &PinnedPool,
+    n: usize,
+    reps: usize,
+) -> Result<f64> {
+    let (s1, s2) = (Stream::new(device)?, Stream::new(device)?);
+    let (mut hin, mut hout) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
+    random_floats(hin.as_mut_slice(), 7);
+    let (mut d1, mut d2) = (
+        DeviceBuffer::<f32>::new(device, n)?,
+        DeviceBuffer::<f32>::new(device, n)?,
+    );
+    let mut times = Vec::new();
+    for _ in 0..=reps {
+        let t = Instant::now();
+        let up = s1.copy_h2d(hin, d1);
+        let down = s2.run((d2, hout), |c, (d, h)| c.copy_d2h(d.view(), h.host_mut()));
+        let (((a, b), ()), ((c, d), ())) = futures::future::try_join(up, down).await?;
+        times.push(ms(t));
+        (hin, d1, d2, hout) = (a, b, c, d);
+    }
+    times.remove(0);
+    Ok(median(times))
+}
+
+impl Comparison {
+    /// The seed's printout.
+    pub fn print(&self) {
+        println!(
+            "compare_sync_async(n = {}, {}): sync {:.3} ms (H2D {:.3} + kernel {:.3} + D2H {:.3}), async {:.3} ms \
+             [{} chunks x {} streams]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
+            self.n,
+            self.kernel.label(),
+            self.sync_ms,
+            self.stage_ms[0],
+            self.stage_ms[1],
+            self.stage_ms[2],
+            self.async_ms,
+            self.plan.chunks,
+            self.plan.streams,
+            self.speedup,
+            (1.0 - self.async_ms / self.sync_ms) * 100.0,
+            self.overlap * 100.0,
+            self.async_over_bound,
+            self.bidir_bound_ms,
+            if self.verified { ", verified" } else { ", RESULT MISMATCH" }
+        );
+    }
+}
+
+/// The seed's `compare_sync_async(size)`: opens the device (`HOST_BACKEND`
+/// chooses), runs both variants for `size` floats with `scale`, prints and
+/// returns the comparison.
+pub fn compare_sync_async(size: usize) -> Result<Comparison> {
+    let device = Device::from_env()?;
+    let pool = PinnedPool::new(&device);
+    let pipeline = Pipeline::new(&device, 4)?;
+    let spec = Spec {
+        n: size,
+        kernel: Kernel::Scale { s: 1.5 },
+        plans: Vec::new(),
+        reps: 10,
+        with_bound: true,
+    };
+    let c = futures::executor::block_on(compare(&device, &pool, &pipeline, &spec))?;
+    c.print();
+    Ok(c)
+}

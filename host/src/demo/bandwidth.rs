@@ -1,0 +1,324 @@
+//! `host bandwidth`: host-to-device and device-to-host bandwidth, pinned vs
+//! pageable, against raw driver copies of the same bytes; both directions at
+//! once; and what a pinned buffer costs to get: driver allocation vs
+//! registration vs a pool hit.
+
+use super::report::{median, Meta};
+use futures::executor::block_on;
+use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Serialize, Clone)]
+pub struct Row {
+    pub bytes: usize,
+    /// GB/s (1e9 bytes per second), medians.
+    pub h2d_pinned: f64,
+    pub d2h_pinned: f64,
+    pub h2d_pageable: f64,
+    pub d2h_pageable: f64,
+    /// The same copies issued straight through cudarc's `sys` layer
+    /// (`cuMemcpyHtoDAsync` + `cuStreamSynchronize`); CUDA only.
+    pub h2d_raw: Option<f64>,
+    pub d2h_raw: Option<f64>,
+    /// Both directions at once (total bytes moved / time).
+    pub bidirectional: f64,
+    pub reps: usize,
+}
+
+#[derive(Serialize, Clone)]
+pub struct AllocCost {
+    pub bytes: usize,
+    /// Milliseconds, medians: driver allocation + free of a pinned buffer.
+    pub driver_alloc_ms: f64,
+    pub driver_free_ms: f64,
+    /// Registering (+ unregistering) an existing, touched Vec.
+    pub register_ms: f64,
+    pub unregister_ms: f64,
+    /// A pool hit: allocate + return, in microseconds.
+    pub pool_hit_us: f64,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub meta: Meta,
+    pub rows: Vec<Row>,
+    pub alloc: Vec<AllocCost>,
+}
+
+fn gbps(bytes: usize, ms: f64) -> f64 {
+    bytes as f64 / ms / 1e6
+}
+
+fn time_ms(mut f: impl FnMut() -> host::Result<()>) -> host::Result<f64> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Sizes from 1 MiB to `max` bytes, by powers of 4.
+pub fn sizes(max: usize) -> Vec<usize> {
+    std::iter::successors(Some(1usize << 20), |s| Some(s * 4))
+        .take_while(|s| *s <= max)
+        .collect()
+}
+
+pub fn run(
+    device: &Device,
+    max_bytes: usize,
+    alloc_sizes: &[usize],
+    progress: &indicatif::ProgressBar,
+) -> host::Result<Results> {
+    let stream = Stream::new(device)?;
+    let stream2 = Stream::new(device)?;
+    let raw = raw::Raw::new(device);
+    let mut rows = Vec::new();
+    for bytes in sizes(max_bytes) {
+        progress.set_message(format!("bandwidth {} MiB", bytes >> 20));
+        let n = bytes / 4;
+        let reps = if bytes >= 256 << 20 { 5 } else { 15 };
+        let mut src = PinnedBuffer::<f32>::new(device, n)?;
+        super::report::fill_random(src.as_mut_slice(), 3);
+        let mut dst = PinnedBuffer::<f32>::new(device, n)?;
+        let mut dev = DeviceBuffer::<f32>::new(device, n)?;
+        let mut dev2 = DeviceBuffer::<f32>::new(device, n)?;
+        let mut pageable = src.as_slice().to_vec();
+        dev2.copy_from_host_sync(&pageable)?; // what the bidirectional D2H brings back
+        let (mut h2d, mut d2h, mut ph2d, mut pd2h, mut bi) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        for _ in 0..=reps {
+            let (s, d) = (src, dev);
+            let t = Instant::now();
+            let ((s, d), ()) = block_on(stream.copy_h2d(s, d))?;
+            h2d.push(t.elapsed().as_secs_f64() * 1e3);
+            let t = Instant::now();
+            let ((d, o), ()) = block_on(stream.copy_d2h(d, dst))?;
+            d2h.push(t.elapsed().as_secs_f64() * 1e3);
+            (src, dev, dst) = (s, d, o);
+            ph2d.push(time_ms(|| dev.copy_from_host_sync(&pageable))?);
+            pd2h.push(time_ms(|| dev.copy_to_host_sync(&mut pageable))?);
+            let t = Instant::now();
+            let up = stream.copy_h2d(src, dev);
+            let down = stream2.run((dev2, dst), |c, (d, h)| c.copy_d2h(d.view(), h.host_mut()));
+            let (((s, d), ()), ((d2, o), ())) = block_on(futures::future::try_join(up, down))?;
+            bi.push(t.elapsed().as_secs_f64() * 1e3);
+            (src, dev, dev2, dst) = (s, d, d2, o);
+        }
+        for v in [&mut h2d, &mut d2h, &mut ph2d, &mut pd2h, &mut bi] {
+            v.remove(0); // warm-up
+        }
+        if dst.as_slice() != src.as_slice() || pageable[..] != src.as_slice()[..] {
+            return Err(host::Error::InvalidArgument(format!(
+                "bandwidth round trip of {bytes} bytes corrupted data"
+            )));
+        }
+        let (h2d_raw, d2h_raw) = match &raw {
+            Some(r) => {
+                let (a, b) = r.copy_ms(bytes, reps)?;
+                (Some(gbps(bytes, a)), Some(gbps(bytes, b)))
+            }
+            None => (None, None),
+        };
+        rows.push(Row {
+            bytes,
+            h2d_pinned: gbps(bytes, median(&h2d)),
+            d2h_pinned: gbps(bytes, median(&d2h)),
+            h2d_pageable: gbps(bytes, median(&ph2d)),
+            d2h_pageable: gbps(bytes, median(&pd2h)),
+            h2d_raw,
+            d2h_raw,
+            bidirectional: gbps(2 * bytes, median(&bi)),
+            reps,
+        });
+        progress.inc(1);
+    }
+    let mut alloc = Vec::new();
+    for &bytes in alloc_sizes {
+        progress.set_message(format!("allocation cost {} MiB", bytes >> 20));
+        alloc.push(alloc_cost(device, bytes)?);
+        progress.inc(1);
+    }
+    Ok(Results {
+        meta: Meta::new(device),
+        rows,
+        alloc,
+    })
+}
+
+fn alloc_cost(device: &Device, bytes: usize) -> host::Result<AllocCost> {
+    let n = bytes / 4;
+    let reps = if bytes >= 1 << 30 { 3 } else { 5 };
+    let (mut a, mut f, mut r, mut u) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        // Driver allocation alone (the pool's stats time exactly the driver calls).
+        let pool = PinnedPool::new(device);
+        let blk = pool.alloc::<f32>(n)?;
+        drop(blk);
+        let s0 = pool.stats();
+        pool.empty_cache();
+        let s1 = pool.stats();
+        a.push(s0.driver_alloc_ns as f64 / 1e6);
+        f.push((s1.driver_free_ns - s0.driver_free_ns) as f64 / 1e6);
+        let v = vec![1.0f32; n]; // touched: registration must pin real pages
+        let t = Instant::now();
+        let reg = Registered::new(device, v)?;
+        r.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let v = reg.into_inner();
+        u.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(v);
+    }
+    // Pool hit: allocate + return, many times, from a warm pool.
+    let pool = PinnedPool::new(device);
+    drop(pool.alloc::<f32>(n)?);
+    let mut hits = Vec::new();
+    for _ in 0..10_000 {
+        let t = Instant::now();
+        let b = pool.alloc::<f32>(n)?;
+        drop(std::hint::black_box(b));
+        hits.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    if pool.stats().misses != 1 {
+        return Err(host::Error::InvalidArgument(
+            "pool hit benchmark missed the cache".into(),
+        ));
+    }
+    Ok(AllocCost {
+        bytes,
+        driver_alloc_ms: median(&a),
+        driver_free_ms: median(&f),
+        register_ms: median(&r),
+        unregister_ms: median(&u),
+        pool_hit_us: median(&hits),
+    })
+}
+
+pub fn print(res: &Results) {
+    println!("\nbandwidth (GB/s, medians) — pinned vs pageable, and raw driver copies of the same bytes:");
+    println!(
+        "{:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10}",
+        "size",
+        "H2D pin",
+        "H2D raw",
+        "H2D page",
+        "D2H pin",
+        "D2H raw",
+        "D2H page",
+        "H2D x",
+        "D2H x",
+        "both dirs"
+    );
+    for r in &res.rows {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        println!(
+            "{:>6} MiB {:>10.1} {:>10} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>7.1}x {:>7.1}x {:>10.1}",
+            r.bytes >> 20, r.h2d_pinned, f(r.h2d_raw), r.h2d_pageable, r.d2h_pinned, f(r.d2h_raw), r.d2h_pageable,
+            r.h2d_pinned / r.h2d_pageable, r.d2h_pinned / r.d2h_pageable, r.bidirectional
+        );
+    }
+    println!("\ncost of a pinned buffer (medians):");
+    for a in &res.alloc {
+        println!(
+            "{:>6} MiB: driver alloc {:.2} ms + free {:.2} ms; register {:.2} ms + unregister {:.2} ms; pool hit (alloc+free) {:.2} us",
+            a.bytes >> 20, a.driver_alloc_ms, a.driver_free_ms, a.register_ms, a.unregister_ms, a.pool_hit_us
+        );
+    }
+}
+
+/// Raw driver copies through cudarc's `sys` layer, for the "within 2% of the
+/// driver" comparison. Allocates its own memory with the driver.
+mod raw {
+    use cudarc::driver::sys;
+    use std::time::Instant;
+
+    pub struct Raw {
+        _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+        stream: sys::CUstream,
+    }
+
+    fn check(r: sys::CUresult, call: &'static str) -> host::Result<()> {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(host::Error::Driver {
+                call,
+                code: format!("{r:?}"),
+            })
+        }
+    }
+
+    impl Raw {
+        pub fn new(device: &host::Device) -> Option<Raw> {
+            if device.kind() != host::BackendKind::Cuda {
+                return None;
+            }
+            let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).ok()?;
+            ctx.bind_to_thread().ok()?;
+            let mut stream = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local; the context is current.
+            let r = unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            };
+            check(r, "cuStreamCreate").ok()?;
+            Some(Raw { _ctx: ctx, stream })
+        }
+
+        /// Median ms of H2D and of D2H copies of `bytes` between driver-pinned
+        /// host memory and device memory.
+        pub fn copy_ms(&self, bytes: usize, reps: usize) -> host::Result<(f64, f64)> {
+            let mut host = std::ptr::null_mut();
+            let mut dev = 0;
+            // SAFETY: out-pointers to locals; the context is current on this thread.
+            unsafe {
+                check(
+                    sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE),
+                    "cuMemHostAlloc",
+                )?;
+                check(sys::cuMemAlloc_v2(&mut dev, bytes), "cuMemAlloc")?;
+            }
+            let run = |h2d: bool| -> host::Result<f64> {
+                let mut v = Vec::new();
+                for _ in 0..=reps {
+                    let t = Instant::now();
+                    // SAFETY: host and dev are live allocations of `bytes`.
+                    unsafe {
+                        if h2d {
+                            check(
+                                sys::cuMemcpyHtoDAsync_v2(dev, host, bytes, self.stream),
+                                "cuMemcpyHtoDAsync",
+                            )?;
+                        } else {
+                            check(
+                                sys::cuMemcpyDtoHAsync_v2(host, dev, bytes, self.stream),
+                                "cuMemcpyDtoHAsync",
+                            )?;
+                        }
+                        check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")?;
+                    }
+                    v.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                v.remove(0);
+                Ok(super::median(&v))
+            };
+            let out = (run(true), run(false));
+            // SAFETY: our allocations; no copy is pending (each was synchronized).
+            unsafe {
+                check(sys::cuMemFree_v2(dev), "cuMemFree")?;
+                check(sys::cuMemFreeHost(host), "cuMemFreeHost")?;
+            }
+            Ok((out.0?, out.1?))
+        }
+    }
+
+    impl Drop for Raw {
+        fn drop(&mut self) {
+            // SAFETY: our stream; nothing is pending on it.
+            unsafe {
+                sys::cuStreamDestroy_v2(self.stream);
+            }
+        }
+    }
+}

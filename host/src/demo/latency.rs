@@ -1,0 +1,201 @@
+//! `host latency`: how long from GPU completion to the awaiting task running,
+//! against the driver's own blocking event wait on the calling thread, and
+//! what an awaited operation costs the CPU.
+//!
+//! Method: a `gate_wait` kernel holds the stream while a point is recorded
+//! behind it; after the kernel has had time to start spinning, the host opens
+//! the gate at `t0`. Ours: a tokio task awaiting the event notes `t1` when it
+//! runs. Baseline: the thread calls `cuEventSynchronize` (`synchronize_direct`)
+//! and notes `t1` when it returns. Both include the same GPU part (the flag
+//! crossing PCIe, the kernel ending, the event firing), so their ratio is the
+//! price of the future. Each wait mode runs in its own device handle.
+
+use super::report::{percentile, Meta};
+use host::{Device, DeviceBuffer, MappedFlag, PinnedHost, PinnedPool, Stream, WaitMode};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Serialize, Clone)]
+pub struct ModeResult {
+    pub wait_mode: WaitMode,
+    pub samples: usize,
+    /// Microseconds from opening the gate to the awaiting tokio task running.
+    pub wake_median_us: f64,
+    pub wake_p99_us: f64,
+    /// Microseconds from opening the gate to `cuEventSynchronize` returning.
+    pub sync_median_us: f64,
+    pub sync_p99_us: f64,
+    /// wake_median / sync_median (target: at most 1.3).
+    pub median_ratio: f64,
+    /// Process CPU time per awaited 4-byte copy, and per synchronized one.
+    pub cpu_us_per_awaited_op: f64,
+    pub cpu_us_per_synced_op: f64,
+    /// The difference: what awaiting costs the CPU beyond the driver's wait.
+    pub cpu_overhead_us: f64,
+    pub wall_us_per_awaited_op: f64,
+    pub wall_us_per_synced_op: f64,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub meta: Meta,
+    pub modes: Vec<ModeResult>,
+}
+
+fn cpu_time() -> Duration {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage struct.
+    let u = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+        u.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> {
+    let mut modes = Vec::new();
+    let mut meta = None;
+    for mode in [WaitMode::Spin, WaitMode::Blocking] {
+        let device = Device::open(host::DeviceOptions {
+            wait_mode: mode,
+            ..*base
+        })?;
+        meta.get_or_insert_with(|| Meta::new(&device));
+        modes.push(run_mode(&device, mode, samples)?);
+    }
+    Ok(Results {
+        meta: meta.ok_or_else(|| host::Error::InvalidArgument("no mode ran".into()))?,
+        modes,
+    })
+}
+
+fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<ModeResult> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let stream = Stream::new(device)?;
+    let gate = Arc::new(MappedFlag::new(device)?);
+    let warm = 50;
+    // How long the kernel gets to start spinning before the gate opens.
+    let settle = Duration::from_micros(200);
+
+    // Ours: a tokio task awaits the job behind the gate.
+    let (s2, g2) = (stream.clone(), gate.clone());
+    let wake: Vec<f64> = rt.block_on(async move {
+        tokio::spawn(async move {
+            let mut v = Vec::with_capacity(samples);
+            for i in 0..warm + samples {
+                g2.set(0);
+                let job = s2.run(g2.clone(), |c, g| c.gate(g));
+                spin(settle);
+                let t0 = Instant::now();
+                g2.set(1);
+                job.await?;
+                if i >= warm {
+                    v.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            Ok::<_, host::Error>(v)
+        })
+        .await
+        .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
+    })?;
+
+    // Baseline: the driver's blocking wait on the calling thread.
+    let mut sync = Vec::with_capacity(samples);
+    for i in 0..warm + samples {
+        gate.set(0);
+        let job = stream.run(gate.clone(), |c, g| c.gate(g));
+        let ev = stream.record()?;
+        spin(settle);
+        let t0 = Instant::now();
+        gate.set(1);
+        ev.synchronize_direct()?;
+        if i >= warm {
+            sync.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        futures::executor::block_on(job)?;
+    }
+
+    // CPU cost per operation: a 4-byte copy, awaited vs synchronized.
+    let pool = PinnedPool::new(device);
+    let ops = samples.max(1000);
+    let (s3, p3) = (stream.clone(), pool.clone());
+    let dev = DeviceBuffer::<f32>::new(device, 1)?;
+    let (cpu0, w0) = (cpu_time(), Instant::now());
+    let dev = rt.block_on(async move {
+        tokio::spawn(async move {
+            let mut d = dev;
+            for _ in 0..ops {
+                let h = p3.alloc::<f32>(1)?;
+                let ((_h, dd), ()) = s3.copy_h2d(h, d).await?;
+                d = dd;
+            }
+            Ok::<_, host::Error>(d)
+        })
+        .await
+        .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
+    })?;
+    let (cpu_awaited, wall_awaited) = (cpu_time() - cpu0, w0.elapsed());
+    let h = pool.alloc::<f32>(1)?;
+    let mut bundle = (h, dev);
+    let (cpu0, w0) = (cpu_time(), Instant::now());
+    for _ in 0..ops {
+        let job = stream.run(bundle, |c, (h, d)| c.copy_h2d(h.host(), d.view()));
+        let ev = stream.record()?;
+        ev.synchronize_direct()?;
+        (bundle, ()) = futures::executor::block_on(job)?;
+    }
+    let (cpu_synced, wall_synced) = (cpu_time() - cpu0, w0.elapsed());
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / ops as f64;
+
+    let m = |v: &[f64]| percentile(v, 0.5);
+    Ok(ModeResult {
+        wait_mode: mode,
+        samples,
+        wake_median_us: m(&wake),
+        wake_p99_us: percentile(&wake, 0.99),
+        sync_median_us: m(&sync),
+        sync_p99_us: percentile(&sync, 0.99),
+        median_ratio: m(&wake) / m(&sync),
+        cpu_us_per_awaited_op: per(cpu_awaited),
+        cpu_us_per_synced_op: per(cpu_synced),
+        cpu_overhead_us: per(cpu_awaited) - per(cpu_synced),
+        wall_us_per_awaited_op: per(wall_awaited),
+        wall_us_per_synced_op: per(wall_synced),
+    })
+}
+
+pub fn print(res: &Results) {
+    println!("\nwake latency (gate opened -> awaiting task runs) vs cuEventSynchronize on the calling thread:");
+    println!(
+        "{:>9} {:>8} {:>12} {:>10} {:>12} {:>10} {:>7} {:>12} {:>12} {:>10}",
+        "mode",
+        "samples",
+        "await med",
+        "await p99",
+        "sync med",
+        "sync p99",
+        "ratio",
+        "CPU/await",
+        "CPU/sync",
+        "overhead"
+    );
+    for m in &res.modes {
+        println!(
+            "{:>9} {:>8} {:>10.1}us {:>8.1}us {:>10.1}us {:>8.1}us {:>6.2}x {:>10.2}us {:>10.2}us {:>8.2}us",
+            format!("{:?}", m.wait_mode), m.samples, m.wake_median_us, m.wake_p99_us, m.sync_median_us, m.sync_p99_us,
+            m.median_ratio, m.cpu_us_per_awaited_op, m.cpu_us_per_synced_op, m.cpu_overhead_us
+        );
+    }
+}

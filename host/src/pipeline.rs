@@ -1,0 +1,254 @@
+//! The overlap pipeline: a host array pushed through host-to-device copy,
+//! kernel and device-to-host copy in chunks over several streams, so the two
+//! copy engines and the SMs work at the same time.
+//!
+//! ```text
+//! stream 0: [H2D c0][K c0][D2H c0]            [H2D c4][K c4][D2H c4] ...
+//! stream 1:         [H2D c1][K c1][D2H c1]            [H2D c5] ...
+//! stream 2:                 [H2D c2][K c2][D2H c2]
+//! ```
+//!
+//! Each stream reuses one chunk-sized device buffer; its stream order makes
+//! that safe (chunk `i + S` is copied in only after chunk `i` was copied out).
+//! A run is one [`Job`] owning the input, the output and the device buffers
+//! until the last stream is done, so dropping it early frees nothing in use.
+
+use crate::completion::join;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::memory::{host_slice, host_slice_mut, DeviceBuffer, PinnedHost};
+use crate::stream::{Commands, Event, Job, Stream};
+use std::sync::{Arc, Mutex};
+
+/// How a run is cut: chunk count and stream count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Plan {
+    /// Chunks the array is cut into (each about `n / chunks` elements).
+    pub chunks: usize,
+    /// Streams the chunks are dealt to, round robin.
+    pub streams: usize,
+}
+
+/// Target chunk size of [`Plan::auto`]: big enough that per-copy overhead is
+/// small, small enough that filling and draining the pipeline is short.
+pub const AUTO_CHUNK_BYTES: usize = 4 << 20;
+
+impl Plan {
+    /// A near-optimal plan for `n` floats on a PCIe GPU: chunks of about
+    /// [`AUTO_CHUNK_BYTES`], 4 to 64 of them, over 4 streams.
+    pub fn auto(n: usize) -> Plan {
+        let chunks = (n * 4 / AUTO_CHUNK_BYTES).clamp(4, 64).min(n.max(1));
+        Plan { chunks, streams: 4 }
+    }
+
+    /// Checks the plan against `n` elements.
+    pub fn validate(&self, n: usize) -> Result<()> {
+        if self.chunks == 0 || self.streams == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a plan needs at least one chunk and one stream (got {} chunks, {} streams)",
+                self.chunks, self.streams
+            )));
+        }
+        if n > 0 && self.chunks > n {
+            return Err(Error::InvalidArgument(format!(
+                "{} chunks for {n} elements: a chunk would be empty",
+                self.chunks
+            )));
+        }
+        Ok(())
+    }
+
+    /// The element range of chunk `i` of `n`: chunks are multiples of 64
+    /// elements (256 bytes) except the last.
+    pub fn chunk(&self, i: usize, n: usize) -> std::ops::Range<usize> {
+        let len = self.chunk_len(n);
+        let start = (i * len).min(n);
+        start..(start + len).min(n)
+    }
+
+    /// Elements per chunk (the last may be shorter).
+    pub fn chunk_len(&self, n: usize) -> usize {
+        n.div_ceil(self.chunks.max(1)).div_ceil(64) * 64
+    }
+}
+
+/// GPU timestamps of one chunk: before H2D, after H2D, after the kernel,
+/// after D2H (for the timeline plot).
+pub struct ChunkEvents {
+    /// Chunk index.
+    pub chunk: usize,
+    /// Stream index.
+    pub stream: usize,
+    /// The four events.
+    pub events: [Event; 4],
+}
+
+/// What a run hands back besides the buffers.
+pub struct RunInfo {
+    /// The plan used.
+    pub plan: Plan,
+    /// Per-chunk events, when the run was asked to record them.
+    pub timeline: Option<Vec<ChunkEvents>>,
+}
+
+/// Streams and per-stream device scratch for pipelined runs; reusable.
+pub struct Pipeline {
+    device: Device,
+    streams: Vec<Stream>,
+    scratch: Mutex<Vec<Arc<DeviceBuffer<f32>>>>,
+}
+
+impl Pipeline {
+    /// A pipeline over `streams` new streams.
+    pub fn new(device: &Device, streams: usize) -> Result<Pipeline> {
+        if streams == 0 {
+            return Err(Error::InvalidArgument(
+                "a pipeline needs at least one stream".into(),
+            ));
+        }
+        Ok(Pipeline {
+            device: device.clone(),
+            streams: (0..streams)
+                .map(|_| Stream::new(device))
+                .collect::<Result<_>>()?,
+            scratch: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The pipeline's streams.
+    pub fn streams(&self) -> &[Stream] {
+        &self.streams
+    }
+
+    /// Device scratch of at least `len` floats for each of the first `s` streams.
+    fn scratch(&self, s: usize, len: usize) -> Result<Vec<Arc<DeviceBuffer<f32>>>> {
+        let mut sc = crate::completion::lock(&self.scratch);
+        if sc.len() < s || sc.iter().any(|b| b.len() < len) {
+            // Old buffers may still be in use by runs in flight: those runs hold
+            // their own Arc clones, so replacing them here frees nothing early.
+            *sc = (0..s.max(sc.len()))
+                .map(|_| DeviceBuffer::new(&self.device, len).map(Arc::new))
+                .collect::<Result<_>>()?;
+        }
+        Ok(sc[..s].to_vec())
+    }
+
+    /// Pushes `input` through H2D → `kernel` → D2H into `output`, cut by `plan`.
+    /// The job hands both buffers back when the last chunk is out.
+    pub fn run<I, O>(
+        &self,
+        input: I,
+        mut output: O,
+        kernel: Kernel,
+        plan: Plan,
+        timeline: bool,
+    ) -> Job<(I, O), RunInfo>
+    where
+        I: PinnedHost<f32> + Send + 'static,
+        O: PinnedHost<f32> + Send + 'static,
+    {
+        let n = input.host().len();
+        let (src, dst) = (input.host(), output.host_mut());
+        if let Err(e) = crate::memory::check_len("pipeline (output vs input)", n, dst.len())
+            .and_then(|_| plan.validate(n))
+        {
+            return Job::failed(e);
+        }
+        let streams = plan.streams.min(self.streams.len());
+        if plan.streams > self.streams.len() {
+            return Job::failed(Error::InvalidArgument(format!(
+                "plan wants {} streams, the pipeline has {}",
+                plan.streams,
+                self.streams.len()
+            )));
+        }
+        let scratch = match self.scratch(streams, plan.chunk_len(n).min(n.max(1))) {
+            Ok(s) => s,
+            Err(e) => return Job::failed(e),
+        };
+        let (src_ptr, dst_ptr, src_id, dst_id) = (src.ptr, dst.ptr, src.device_id, dst.device_id);
+        let mut enqueued = 0;
+        let mut events = timeline.then(Vec::new);
+        let mut cmds: Vec<Commands<'_>> = self.streams[..streams]
+            .iter()
+            // SAFETY: every address given to these commands belongs to `input`,
+            // `output` or `scratch`, which the returned job owns until a point
+            // recorded after them on every stream has completed; the CPU cannot
+            // touch input or output meanwhile (the job owns them).
+            .map(|s| unsafe { Commands::unbound(s) })
+            .collect();
+        let mut enqueue = || -> Result<()> {
+            for i in 0..plan.chunks {
+                let r = plan.chunk(i, n);
+                if r.is_empty() {
+                    continue;
+                }
+                let s = i % streams;
+                let c = &mut cmds[s];
+                // SAFETY: r lies inside input and output (both n long).
+                let (hs, hd) = unsafe {
+                    (
+                        host_slice(src_ptr.add(r.start), r.len(), src_id),
+                        host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
+                    )
+                };
+                let d = scratch[s].view().range(0..r.len())?;
+                let t0 = if timeline {
+                    Some(c.record_timed(&self.device)?)
+                } else {
+                    None
+                };
+                c.copy_h2d(hs, d)?;
+                let t1 = if timeline {
+                    Some(c.record_timed(&self.device)?)
+                } else {
+                    None
+                };
+                c.kernel(kernel, d)?;
+                let t2 = if timeline {
+                    Some(c.record_timed(&self.device)?)
+                } else {
+                    None
+                };
+                c.copy_d2h(d, hd)?;
+                if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
+                    let t3 = c.record_timed(&self.device)?;
+                    ev.push(ChunkEvents {
+                        chunk: i,
+                        stream: s,
+                        events: [t0, t1, t2, t3],
+                    });
+                }
+            }
+            Ok(())
+        };
+        let outcome = enqueue();
+        enqueued += cmds.iter().map(|c| c.enqueued()).sum::<usize>();
+        drop(cmds);
+        let bundle = (input, output);
+        let finals: Result<Vec<_>> = self.streams[..streams].iter().map(|s| s.record()).collect();
+        match finals {
+            Ok(finals) => {
+                let all = join(
+                    &finals
+                        .iter()
+                        .map(|e| e.completion().clone())
+                        .collect::<Vec<_>>(),
+                );
+                let value = outcome.map(|()| RunInfo {
+                    plan,
+                    timeline: events,
+                });
+                Job::from_parts(all, bundle, value, Some(Box::new(scratch)))
+            }
+            Err(e) => {
+                if enqueued > 0 {
+                    // The end of queued work can't be observed: never free it.
+                    std::mem::forget((bundle, scratch));
+                }
+                Job::failed(outcome.err().unwrap_or(e))
+            }
+        }
+    }
+}
