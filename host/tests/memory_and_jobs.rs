@@ -8,6 +8,41 @@ use host::{
     Stream,
 };
 
+/// CUDA tests run one at a time: a test holding a GPU-side gate closed must not
+/// share the device with another test's `cuMemFree`, which waits for the whole
+/// device to go idle (and so for the gate) while holding driver locks.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Opens `gate` after 20 s if the test has not: a broken test then fails
+/// instead of hanging the suite. Dropping the watchdog disarms it.
+struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+fn watchdog(gate: &std::sync::Arc<MappedFlag>) -> Watchdog {
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (a, g) = (armed.clone(), gate.clone());
+    std::thread::spawn(move || {
+        for _ in 0..200 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if !a.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+        }
+        eprintln!("watchdog: opening a gate the test left closed");
+        g.set(1);
+    });
+    Watchdog(armed)
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..n)
@@ -18,6 +53,7 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn pinned_round_trip_on_random_data_with_every_flag() {
+    let _serial = serial();
     for device in backends("pinned_round_trip") {
         let stream = Stream::new(&device).unwrap();
         for flags in [
@@ -67,6 +103,7 @@ fn pinned_round_trip_on_random_data_with_every_flag() {
 
 #[test]
 fn element_types_keep_their_alignment() {
+    let _serial = serial();
     #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable, PartialEq, Debug)]
     #[repr(C, align(64))]
     struct Wide([u8; 64]);
@@ -84,6 +121,7 @@ fn element_types_keep_their_alignment() {
 
 #[test]
 fn kernels_on_device_match_the_cpu_bit_for_bit() {
+    let _serial = serial();
     for device in backends("kernels_match_cpu") {
         let stream = Stream::new(&device).unwrap();
         for kernel in [Kernel::Scale { s: -2.5 }, Kernel::Intensity { k: 33 }] {
@@ -138,6 +176,7 @@ fn dev_clone(device: &host::Device, n: usize) -> DeviceBuffer<f32> {
 
 #[test]
 fn registered_memory_round_trips_and_unregisters() {
+    let _serial = serial();
     for device in backends("registered_round_trip") {
         let stream = Stream::new(&device).unwrap();
         let data = random(100_003, 5);
@@ -164,6 +203,7 @@ fn registered_memory_round_trips_and_unregisters() {
 
 #[test]
 fn pageable_memory_has_a_synchronous_path() {
+    let _serial = serial();
     for device in backends("pageable_sync_path") {
         let data = random(4097, 11);
         let mut dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
@@ -180,6 +220,7 @@ fn pageable_memory_has_a_synchronous_path() {
 
 #[test]
 fn bad_lengths_and_ranges_get_typed_errors() {
+    let _serial = serial();
     for device in backends("bad_lengths") {
         let stream = Stream::new(&device).unwrap();
         let a = PinnedBuffer::<f32>::new(&device, 10).unwrap();
@@ -212,6 +253,7 @@ fn bad_lengths_and_ranges_get_typed_errors() {
 
 #[test]
 fn buffers_of_another_backend_are_rejected() {
+    let _serial = serial();
     let cpu_a = host::Device::cpu();
     let cpu_b = host::Device::cpu();
     let stream = Stream::new(&cpu_a).unwrap();
@@ -223,6 +265,7 @@ fn buffers_of_another_backend_are_rejected() {
 
 #[test]
 fn pool_reuses_blocks_and_returns_to_baseline() {
+    let _serial = serial();
     for device in backends("pool_reuse") {
         let pool = PinnedPool::new(&device);
         let base = pool.stats();
@@ -257,6 +300,7 @@ fn pool_reuses_blocks_and_returns_to_baseline() {
 
 #[test]
 fn pool_is_safe_from_many_threads() {
+    let _serial = serial();
     for device in backends("pool_threads") {
         let pool = PinnedPool::new(&device);
         std::thread::scope(|s| {
@@ -288,10 +332,12 @@ fn pool_is_safe_from_many_threads() {
 
 #[test]
 fn pool_reuse_is_held_back_while_gpu_work_is_in_flight() {
+    let _serial = serial();
     for device in backends("pool_gate") {
         let pool = PinnedPool::new(&device);
         let stream = Stream::new(&device).unwrap();
         let gate = std::sync::Arc::new(MappedFlag::new(&device).unwrap());
+        let _watchdog = watchdog(&gate);
         let n = 1 << 16;
         let mut staging = pool.alloc::<f32>(n).unwrap();
         staging.as_mut_slice().copy_from_slice(&random(n, 3));
@@ -330,14 +376,17 @@ fn pool_reuse_is_held_back_while_gpu_work_is_in_flight() {
 
 #[test]
 fn events_order_work_across_streams() {
+    let _serial = serial();
     for device in backends("cross_stream_order") {
         let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
         let gate = std::sync::Arc::new(MappedFlag::new(&device).unwrap());
+        let _watchdog = watchdog(&gate);
         let n = 1 << 18;
         let x = random(n, 21);
         let dev = std::sync::Arc::new(DeviceBuffer::<f32>::new(&device, n).unwrap());
         let input = PinnedBuffer::from_slice(&device, &x).unwrap();
-        // s1: gate, then upload. s2 waits for s1's event, then scales and downloads.
+        let out = PinnedBuffer::<f32>::new(&device, n).unwrap(); // allocated before the gate closes
+                                                                 // s1: gate, then upload. s2 waits for s1's event, then scales and downloads.
         let g = gate.clone();
         let (d1, d2) = (dev.clone(), dev.clone());
         let upload = s1.run((g, input, d1), |c, (g, i, d)| {
@@ -346,7 +395,6 @@ fn events_order_work_across_streams() {
         });
         let uploaded = s1.record().unwrap();
         s2.wait_event(&uploaded).unwrap();
-        let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
         let compute = s2.run((d2, out), |c, (d, o)| {
             c.kernel(Kernel::Scale { s: 3.0 }, d.view())?;
             c.copy_d2h(d.view(), o.host_mut())
@@ -364,6 +412,7 @@ fn events_order_work_across_streams() {
 
 #[test]
 fn futures_work_under_tokio_too() {
+    let _serial = serial();
     for device in backends("tokio_runtime") {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -393,6 +442,7 @@ fn futures_work_under_tokio_too() {
 
 #[test]
 fn the_cpu_thread_is_free_while_a_large_copy_is_in_flight() {
+    let _serial = serial();
     for device in backends("non_blocking_copy") {
         let n = if device.kind() == host::BackendKind::Cuda {
             1 << 28
