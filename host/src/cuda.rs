@@ -285,6 +285,7 @@ impl Backend for CudaBackend {
         if alloc.bytes == 0 {
             return Ok(());
         }
+        self.shared.bind()?;
         // SAFETY: the caller guarantees the allocation is ours and unused.
         let r = unsafe { sys::cuMemFreeHost(alloc.ptr.cast()) };
         self.shared.check("cuMemFreeHost", r)
@@ -307,6 +308,7 @@ impl Backend for CudaBackend {
         if bytes == 0 {
             return Ok(());
         }
+        self.shared.bind()?;
         // SAFETY: registered by register_host, no operation pending (caller).
         let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
         self.shared.check("cuMemHostUnregister", r)
@@ -391,6 +393,7 @@ impl Backend for CudaBackend {
     fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32> {
         match (start, end) {
             (Timer::Cuda(a), Timer::Cuda(b)) => {
+                self.shared.bind()?;
                 let mut ms = 0.0f32;
                 // SAFETY: both events are alive and were recorded with timing.
                 let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.0, b.0) };
@@ -471,6 +474,8 @@ impl CudaStream {
 impl RawStream for CudaStream {
     unsafe fn copy_h2d(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         if bytes == 0 {
             return Ok(());
         }
@@ -481,6 +486,8 @@ impl RawStream for CudaStream {
 
     unsafe fn copy_d2h(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         if bytes == 0 {
             return Ok(());
         }
@@ -491,6 +498,8 @@ impl RawStream for CudaStream {
 
     unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         if bytes == 0 {
             return Ok(());
         }
@@ -501,6 +510,8 @@ impl RawStream for CudaStream {
 
     unsafe fn launch(&self, call: &KernelCall) -> Result<()> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         if matches!(
             call,
             KernelCall::Scale { n: 0, .. }
@@ -570,6 +581,8 @@ impl RawStream for CudaStream {
 
     fn record(&self, timing: bool) -> Result<RawEvent> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         let event = Arc::new(self.new_event(timing)?);
         // SAFETY: event and stream are alive.
         let r = unsafe { sys::cuEventRecord(event.0, self.stream.0) };
@@ -588,6 +601,8 @@ impl RawStream for CudaStream {
 
     fn wait(&self, event: &RawEvent) -> Result<()> {
         self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
         match &event.timer {
             Timer::Cuda(e) => {
                 // SAFETY: both handles alive.

@@ -76,7 +76,7 @@ pub fn run(
     for bytes in sizes(max_bytes) {
         progress.set_message(format!("bandwidth {} MiB", bytes >> 20));
         let n = bytes / 4;
-        let reps = if bytes >= 256 << 20 { 5 } else { 15 };
+        let reps = if bytes >= 256 << 20 { 11 } else { 21 };
         let mut src = PinnedBuffer::<f32>::new(device, n)?;
         super::report::fill_random(src.as_mut_slice(), 3);
         let mut dst = PinnedBuffer::<f32>::new(device, n)?;
@@ -86,7 +86,14 @@ pub fn run(
         dev2.copy_from_host_sync(&pageable)?; // what the bidirectional D2H brings back
         let (mut h2d, mut d2h, mut ph2d, mut pd2h, mut bi) =
             (vec![], vec![], vec![], vec![], vec![]);
+        let raw_bufs = raw.as_ref().map(|r| r.buffers(bytes)).transpose()?;
+        let (mut rh2d, mut rd2h) = (vec![], vec![]);
         for _ in 0..=reps {
+            // Raw driver copies interleaved with ours, so drift hits both alike.
+            if let (Some(r), Some(b)) = (&raw, &raw_bufs) {
+                rh2d.push(r.copy_ms(b, true)?);
+                rd2h.push(r.copy_ms(b, false)?);
+            }
             let (s, d) = (src, dev);
             let t = Instant::now();
             let ((s, d), ()) = block_on(stream.copy_h2d(s, d))?;
@@ -104,19 +111,24 @@ pub fn run(
             bi.push(t.elapsed().as_secs_f64() * 1e3);
             (src, dev, dev2, dst) = (s, d, d2, o);
         }
-        for v in [&mut h2d, &mut d2h, &mut ph2d, &mut pd2h, &mut bi] {
-            v.remove(0); // warm-up
+        for v in [
+            &mut h2d, &mut d2h, &mut ph2d, &mut pd2h, &mut bi, &mut rh2d, &mut rd2h,
+        ] {
+            if !v.is_empty() {
+                v.remove(0); // warm-up
+            }
         }
+        drop(raw_bufs);
         if dst.as_slice() != src.as_slice() || pageable[..] != src.as_slice()[..] {
             return Err(host::Error::InvalidArgument(format!(
                 "bandwidth round trip of {bytes} bytes corrupted data"
             )));
         }
-        let (h2d_raw, d2h_raw) = match &raw {
-            Some(r) => {
-                let (a, b) = r.copy_ms(bytes, reps)?;
-                (Some(gbps(bytes, a)), Some(gbps(bytes, b)))
-            }
+        let (h2d_raw, d2h_raw) = match raw {
+            Some(_) => (
+                Some(gbps(bytes, median(&rh2d))),
+                Some(gbps(bytes, median(&rd2h))),
+            ),
             None => (None, None),
         };
         rows.push(Row {
@@ -266,50 +278,59 @@ mod raw {
             Some(Raw { _ctx: ctx, stream })
         }
 
-        /// Median ms of H2D and of D2H copies of `bytes` between driver-pinned
-        /// host memory and device memory.
-        pub fn copy_ms(&self, bytes: usize, reps: usize) -> host::Result<(f64, f64)> {
-            let mut host = std::ptr::null_mut();
-            let mut dev = 0;
-            // SAFETY: out-pointers to locals; the context is current on this thread.
+        /// Driver-pinned host memory and device memory of `bytes` each.
+        pub fn buffers(&self, bytes: usize) -> host::Result<Buffers> {
+            let mut b = Buffers {
+                host: std::ptr::null_mut(),
+                dev: 0,
+                bytes,
+            };
+            // SAFETY: out-pointers into `b`; the context is current on this thread.
             unsafe {
                 check(
-                    sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE),
+                    sys::cuMemHostAlloc(&mut b.host, bytes, sys::CU_MEMHOSTALLOC_PORTABLE),
                     "cuMemHostAlloc",
                 )?;
-                check(sys::cuMemAlloc_v2(&mut dev, bytes), "cuMemAlloc")?;
+                check(sys::cuMemAlloc_v2(&mut b.dev, bytes), "cuMemAlloc")?;
             }
-            let run = |h2d: bool| -> host::Result<f64> {
-                let mut v = Vec::new();
-                for _ in 0..=reps {
-                    let t = Instant::now();
-                    // SAFETY: host and dev are live allocations of `bytes`.
-                    unsafe {
-                        if h2d {
-                            check(
-                                sys::cuMemcpyHtoDAsync_v2(dev, host, bytes, self.stream),
-                                "cuMemcpyHtoDAsync",
-                            )?;
-                        } else {
-                            check(
-                                sys::cuMemcpyDtoHAsync_v2(host, dev, bytes, self.stream),
-                                "cuMemcpyDtoHAsync",
-                            )?;
-                        }
-                        check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")?;
-                    }
-                    v.push(t.elapsed().as_secs_f64() * 1e3);
-                }
-                v.remove(0);
-                Ok(super::median(&v))
-            };
-            let out = (run(true), run(false));
-            // SAFETY: our allocations; no copy is pending (each was synchronized).
+            Ok(b)
+        }
+
+        /// One copy (H2D or D2H) of the buffers' bytes, in ms, host clock.
+        pub fn copy_ms(&self, b: &Buffers, h2d: bool) -> host::Result<f64> {
+            let t = Instant::now();
+            // SAFETY: live allocations of b.bytes; synchronized before returning.
             unsafe {
-                check(sys::cuMemFree_v2(dev), "cuMemFree")?;
-                check(sys::cuMemFreeHost(host), "cuMemFreeHost")?;
+                if h2d {
+                    check(
+                        sys::cuMemcpyHtoDAsync_v2(b.dev, b.host, b.bytes, self.stream),
+                        "cuMemcpyHtoDAsync",
+                    )?;
+                } else {
+                    check(
+                        sys::cuMemcpyDtoHAsync_v2(b.host, b.dev, b.bytes, self.stream),
+                        "cuMemcpyDtoHAsync",
+                    )?;
+                }
+                check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")?;
             }
-            Ok((out.0?, out.1?))
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        }
+    }
+
+    pub struct Buffers {
+        host: *mut std::ffi::c_void,
+        dev: sys::CUdeviceptr,
+        bytes: usize,
+    }
+
+    impl Drop for Buffers {
+        fn drop(&mut self) {
+            // SAFETY: our allocations; every copy on them was synchronized.
+            unsafe {
+                sys::cuMemFree_v2(self.dev);
+                sys::cuMemFreeHost(self.host);
+            }
         }
     }
 
