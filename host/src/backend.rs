@@ -154,6 +154,9 @@ pub(crate) trait RawStream: Send + Sync {
     unsafe fn launch(&self, call: &KernelCall) -> Result<()>;
     /// Records a point; its completion fires when all work before it is done.
     fn record(&self, timing: bool) -> Result<RawEvent>;
+    /// Records a point only other streams wait for: nothing watches it (its
+    /// completion never fires on CUDA), so it costs no watcher wake-up.
+    fn marker(&self) -> Result<RawEvent>;
     /// Makes later work on this stream wait for `event`.
     fn wait(&self, event: &RawEvent) -> Result<()>;
 }

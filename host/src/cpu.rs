@@ -370,6 +370,10 @@ impl RawStream for CpuStream {
         })
     }
 
+    fn marker(&self) -> Result<RawEvent> {
+        self.record(false)
+    }
+
     fn wait(&self, event: &RawEvent) -> Result<()> {
         let c = event.completion.clone();
         self.push(move |_| c.block())

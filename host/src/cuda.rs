@@ -599,6 +599,19 @@ impl RawStream for CudaStream {
         })
     }
 
+    fn marker(&self) -> Result<RawEvent> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        let event = Arc::new(self.new_event(false)?);
+        // SAFETY: event and stream are alive.
+        let r = unsafe { sys::cuEventRecord(event.0, self.stream.0) };
+        self.shared.check("cuEventRecord", r)?;
+        Ok(RawEvent {
+            completion: Completion::new(),
+            timer: Timer::Cuda(event),
+        })
+    }
+
     fn wait(&self, event: &RawEvent) -> Result<()> {
         self.shared.usable()?;
         // Any thread may enqueue (tokio workers, watchers): make the context current.

@@ -142,7 +142,9 @@ fn run(cli: Cli) -> host::Result<()> {
         }
         Cmd::Timeline { n, chunks, streams } => {
             let pipe = host::Pipeline::new(&device, streams)?;
-            let plan = chunks.map_or(host::Plan::auto(n), |chunks| host::Plan { chunks, streams });
+            let plan = chunks.map_or(host::Plan::auto(n), |chunks| {
+                host::Plan::uniform(chunks, streams)
+            });
             rt.block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
         }
     }

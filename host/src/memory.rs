@@ -432,6 +432,33 @@ impl<'a, T> HostSlice<'a, T> {
 }
 
 impl<'a, T> HostSliceMut<'a, T> {
+    /// Two disjoint destinations: `..mid` and `mid..`.
+    pub fn split_at(self, mid: usize) -> Result<(Self, Self)> {
+        if mid > self.len {
+            return Err(Error::OutOfBounds {
+                start: mid,
+                end: mid,
+                len: self.len,
+            });
+        }
+        // SAFETY: mid <= len: inside the allocation; the halves are disjoint.
+        let rest = unsafe { self.ptr.add(mid) };
+        Ok((
+            HostSliceMut {
+                ptr: self.ptr,
+                len: mid,
+                device_id: self.device_id,
+                _p: PhantomData,
+            },
+            HostSliceMut {
+                ptr: rest,
+                len: self.len - mid,
+                device_id: self.device_id,
+                _p: PhantomData,
+            },
+        ))
+    }
+
     /// A sub-range.
     pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
         let (s, e) = bounds(r, self.len)?;

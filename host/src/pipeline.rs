@@ -13,7 +13,7 @@
 //! A run is one [`Job`] owning the input, the output and the device buffers
 //! until the last stream is done, so dropping it early frees nothing in use.
 
-use crate::completion::join;
+use crate::completion::Completion;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -28,6 +28,12 @@ pub struct Plan {
     pub chunks: usize,
     /// Streams the chunks are dealt to, round robin.
     pub streams: usize,
+    /// Ramp the chunk sizes: the first three chunks are 1/8, 1/4 and 1/2 of
+    /// the others, and the last three mirror them. The pipeline's fill (the
+    /// first H2D, which nothing overlaps) and drain (the last D2H) shrink
+    /// eightfold, while the middle chunks stay large enough for full-speed
+    /// copies. The chunk count then counts the full-size chunks.
+    pub ramp: bool,
 }
 
 /// Target chunk size of [`Plan::auto`]: big enough that per-copy overhead is
@@ -39,7 +45,55 @@ impl Plan {
     /// [`AUTO_CHUNK_BYTES`], 4 to 64 of them, over 4 streams.
     pub fn auto(n: usize) -> Plan {
         let chunks = (n * 4 / AUTO_CHUNK_BYTES).clamp(4, 64).min(n.max(1));
-        Plan { chunks, streams: 4 }
+        Plan {
+            chunks,
+            streams: 4,
+            ramp: true,
+        }
+    }
+
+    /// A plan of `chunks` equal chunks over `streams` streams.
+    pub fn uniform(chunks: usize, streams: usize) -> Plan {
+        Plan {
+            chunks,
+            streams,
+            ramp: false,
+        }
+    }
+
+    /// The element ranges of the chunks of `n` elements, in issue order.
+    /// Chunks are multiples of 64 elements (256 bytes), except the last.
+    pub fn ranges(&self, n: usize) -> Vec<std::ops::Range<usize>> {
+        let m = self.chunk_len(n);
+        let ramp: Vec<usize> = [m / 8, m / 4, m / 2]
+            .iter()
+            .map(|l| (l / 64 * 64).max(64))
+            .collect();
+        let ramp_total: usize = ramp.iter().sum::<usize>() * 2;
+        let sizes: Vec<usize> = if !self.ramp || n < ramp_total + m {
+            (0..self.chunks)
+                .map(|i| self.chunk(i, n).len())
+                .filter(|l| *l > 0)
+                .collect()
+        } else {
+            let middle = n - ramp_total;
+            let mut v = ramp.clone();
+            v.extend(std::iter::repeat_n(m, middle / m));
+            if !middle.is_multiple_of(m) {
+                v.push(middle % m);
+            }
+            v.extend(ramp.iter().rev());
+            v
+        };
+        let mut start = 0;
+        sizes
+            .into_iter()
+            .map(|l| {
+                let r = start..start + l;
+                start += l;
+                r
+            })
+            .collect()
     }
 
     /// Checks the plan against `n` elements.
@@ -163,7 +217,9 @@ impl Pipeline {
                 self.streams.len()
             )));
         }
-        let scratch = match self.scratch(streams, plan.chunk_len(n).min(n.max(1))) {
+        let ranges = plan.ranges(n);
+        let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        let scratch = match self.scratch(streams, longest) {
             Ok(s) => s,
             Err(e) => return Job::failed(e),
         };
@@ -179,11 +235,7 @@ impl Pipeline {
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
         let mut enqueue = || -> Result<()> {
-            for i in 0..plan.chunks {
-                let r = plan.chunk(i, n);
-                if r.is_empty() {
-                    continue;
-                }
+            for (i, r) in ranges.iter().cloned().enumerate() {
                 let s = i % streams;
                 let c = &mut cmds[s];
                 // SAFETY: r lies inside input and output (both n long).
@@ -227,15 +279,18 @@ impl Pipeline {
         enqueued += cmds.iter().map(|c| c.enqueued()).sum::<usize>();
         drop(cmds);
         let bundle = (input, output);
-        let finals: Result<Vec<_>> = self.streams[..streams].iter().map(|s| s.record()).collect();
-        match finals {
-            Ok(finals) => {
-                let all = join(
-                    &finals
-                        .iter()
-                        .map(|e| e.completion().clone())
-                        .collect::<Vec<_>>(),
-                );
+        // Join the streams on the GPU: stream 0 waits for a marker of every
+        // other stream, and one point recorded after that ends the run. One
+        // watcher wakes the caller, instead of one per stream.
+        let last = || -> Result<Completion> {
+            let first = &self.streams[0];
+            for s in &self.streams[1..streams] {
+                first.wait_event(&s.marker()?)?;
+            }
+            Ok(first.record()?.completion().clone())
+        };
+        match last() {
+            Ok(all) => {
                 let value = outcome.map(|()| RunInfo {
                     plan,
                     timeline: events,
@@ -250,5 +305,52 @@ impl Pipeline {
                 Job::failed(outcome.err().unwrap_or(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_every_element_once_in_order() {
+        for n in [1usize, 5, 63, 64, 1000, 65_537, 10_000_000] {
+            for chunks in [1usize, 3, 8, 32] {
+                for ramp in [false, true] {
+                    let plan = Plan {
+                        chunks: chunks.min(n),
+                        streams: 2,
+                        ramp,
+                    };
+                    let r = plan.ranges(n);
+                    assert_eq!(r.first().map(|r| r.start), Some(0));
+                    assert_eq!(r.last().map(|r| r.end), Some(n));
+                    assert!(r.windows(2).all(|w| w[0].end == w[1].start));
+                    assert!(r.iter().all(|r| !r.is_empty()), "{plan:?} n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ramped_plans_start_and_end_small() {
+        let n = 10_000_000;
+        let r = Plan {
+            chunks: 16,
+            streams: 4,
+            ramp: true,
+        }
+        .ranges(n);
+        let m = Plan::uniform(16, 4).chunk_len(n);
+        assert!(r[0].len() <= m / 8 && r[r.len() - 1].len() <= m / 8);
+        assert!(r.iter().all(|c| c.len() <= m));
+    }
+
+    #[test]
+    fn bad_plans_are_rejected() {
+        assert!(Plan::uniform(0, 1).validate(10).is_err());
+        assert!(Plan::uniform(1, 0).validate(10).is_err());
+        assert!(Plan::uniform(11, 1).validate(10).is_err());
+        assert!(Plan::uniform(10, 1).validate(10).is_ok());
     }
 }

@@ -126,6 +126,15 @@ impl Stream {
         })
     }
 
+    /// A point for other streams to wait on ([`Stream::wait_event`]); it
+    /// cannot be awaited (on CUDA nothing watches it, which keeps it cheap).
+    pub(crate) fn marker(&self) -> Result<Event> {
+        Ok(Event {
+            raw: self.raw.marker()?,
+            device: self.device.clone(),
+        })
+    }
+
     /// Makes work queued later on this stream wait for `event` (which may
     /// belong to another stream): cross-stream ordering without the host.
     pub fn wait_event(&self, event: &Event) -> Result<()> {

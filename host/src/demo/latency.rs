@@ -23,6 +23,10 @@ pub struct ModeResult {
     /// Microseconds from opening the gate to the awaiting tokio task running.
     pub wake_median_us: f64,
     pub wake_p99_us: f64,
+    /// The same, awaited with `futures::executor::block_on` on a plain thread
+    /// (thread park/unpark instead of a tokio worker).
+    pub block_on_median_us: f64,
+    pub block_on_p99_us: f64,
     /// Microseconds from opening the gate to `cuEventSynchronize` returning.
     pub sync_median_us: f64,
     pub sync_p99_us: f64,
@@ -111,6 +115,20 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
         .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
     })?;
 
+    // The same with the simplest executor: block_on parks this thread.
+    let mut parked = Vec::with_capacity(samples);
+    for i in 0..warm + samples {
+        gate.set(0);
+        let job = stream.run(gate.clone(), |c, g| c.gate(g));
+        spin(settle);
+        let t0 = Instant::now();
+        gate.set(1);
+        futures::executor::block_on(job)?;
+        if i >= warm {
+            parked.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+
     // Baseline: the driver's blocking wait on the calling thread.
     let mut sync = Vec::with_capacity(samples);
     for i in 0..warm + samples {
@@ -165,6 +183,8 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
         samples,
         wake_median_us: m(&wake),
         wake_p99_us: percentile(&wake, 0.99),
+        block_on_median_us: m(&parked),
+        block_on_p99_us: percentile(&parked, 0.99),
         sync_median_us: m(&sync),
         sync_p99_us: percentile(&sync, 0.99),
         median_ratio: m(&wake) / m(&sync),
@@ -177,7 +197,7 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
 }
 
 pub fn print(res: &Results) {
-    println!("\nwake latency (gate opened -> awaiting task runs) vs cuEventSynchronize on the calling thread:");
+    println!("\nwake latency (gate opened -> awaiting task runs; tokio task, and block_on) vs cuEventSynchronize on the calling thread:");
     println!(
         "{:>9} {:>8} {:>12} {:>10} {:>12} {:>10} {:>7} {:>12} {:>12} {:>10}",
         "mode",
@@ -192,6 +212,13 @@ pub fn print(res: &Results) {
         "overhead"
     );
     for m in &res.modes {
+        println!(
+            "{:>9} block_on: median {:.1}us, p99 {:.1}us ({:.2}x the synchronize median)",
+            format!("{:?}", m.wait_mode),
+            m.block_on_median_us,
+            m.block_on_p99_us,
+            m.block_on_median_us / m.sync_median_us
+        );
         println!(
             "{:>9} {:>8} {:>10.1}us {:>8.1}us {:>10.1}us {:>8.1}us {:>6.2}x {:>10.2}us {:>10.2}us {:>8.2}us",
             format!("{:?}", m.wait_mode), m.samples, m.wake_median_us, m.wake_p99_us, m.sync_median_us, m.sync_p99_us,

@@ -10,7 +10,11 @@ use std::path::Path;
 pub fn plan_grid(n: usize) -> Vec<Plan> {
     let mut v: Vec<Plan> = [4, 8, 16, 32, 64]
         .iter()
-        .flat_map(|&chunks| [2, 4].map(|streams| Plan { chunks, streams }))
+        .flat_map(|&chunks| [2, 4].map(|streams| Plan::uniform(chunks, streams)))
+        .chain([8, 16, 32].map(|chunks| Plan {
+            ramp: true,
+            ..Plan::uniform(chunks, 4)
+        }))
         .filter(|p| p.chunks <= n)
         .collect();
     let auto = Plan::auto(n);
@@ -227,7 +231,7 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
         results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "sync", "chunks": 1, "streams": 1,
             "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": true}));
         for (p, ms) in &c.plans {
-            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams,
+            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams, "ramp": p.ramp,
                 "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": *p == c.plan}));
         }
     }
