@@ -378,6 +378,14 @@ impl<'a> Commands<'a> {
         self.raw.wait(&event.raw)
     }
 
+    /// Records a point that other streams' commands can wait for.
+    pub(crate) fn marker(&mut self, device: &Device) -> Result<Event> {
+        Ok(Event {
+            raw: self.raw.marker()?,
+            device: device.clone(),
+        })
+    }
+
     /// Records a timed event at this point of the batch.
     pub fn record_timed(&mut self, device: &Device) -> Result<Event> {
         Ok(Event {

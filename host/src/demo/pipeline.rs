@@ -15,6 +15,10 @@ pub fn plan_grid(n: usize) -> Vec<Plan> {
             ramp: true,
             ..Plan::uniform(chunks, 4)
         }))
+        .chain([8, 16, 32].map(|chunks| Plan {
+            chain: true,
+            ..Plan::uniform(chunks, 4)
+        }))
         .filter(|p| p.chunks <= n)
         .collect();
     let auto = Plan::auto(n);
