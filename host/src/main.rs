@@ -75,6 +75,16 @@ enum Cmd {
         )]
         sizes: Vec<usize>,
     },
+    /// Many tasks sharing one pool and a few streams, every result verified,
+    /// RSS and pool statistics sampled.
+    Load {
+        #[arg(long, default_value_t = 64)]
+        tasks: usize,
+        #[arg(long, default_value_t = 4)]
+        streams: usize,
+        #[arg(long, default_value_t = 30.0)]
+        seconds: f64,
+    },
     /// Draw the stream/engine timeline of one pipelined run.
     Timeline {
         #[arg(long, default_value_t = 100_000_000)]
@@ -140,6 +150,11 @@ fn run(cli: Cli) -> host::Result<()> {
             let pipe = host::Pipeline::new(&device, 4)?;
             rt.block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
         }
+        Cmd::Load {
+            tasks,
+            streams,
+            seconds,
+        } => demo::load::run(&rt, &device, tasks, streams, seconds, &out),
         Cmd::Timeline { n, chunks, streams } => {
             let pipe = host::Pipeline::new(&device, streams)?;
             let plan = chunks.map_or(host::Plan::auto(n), |chunks| {

@@ -3,6 +3,7 @@
 pub mod bandwidth;
 pub mod kernels;
 pub mod latency;
+pub mod load;
 pub mod pipeline;
 pub mod plots;
 pub mod ptx;

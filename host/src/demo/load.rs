@@ -1,0 +1,171 @@
+//! `host load`: many tokio tasks sharing one pool and a few streams for a
+//! while, every result verified, with process RSS and pool statistics sampled
+//! once a second to show that memory stays flat.
+
+use super::report::{write_json, Meta};
+use host::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, PoolStats, Stream};
+use serde::Serialize;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Serialize, Clone)]
+pub struct Sample {
+    pub t_s: f64,
+    pub rss_mib: f64,
+    pub jobs_done: u64,
+    pub pool: PoolStats,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub meta: Meta,
+    pub tasks: usize,
+    pub streams: usize,
+    pub seconds: f64,
+    pub jobs: u64,
+    pub elements: u64,
+    pub mismatches: u64,
+    pub samples: Vec<Sample>,
+    /// RSS at the last sample over RSS at the first sample after warm-up.
+    pub rss_growth: f64,
+    pub pool_in_use_at_end: u64,
+}
+
+fn rss_mib() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as f64;
+    pages * page / 1048576.0
+}
+
+pub fn run(
+    rt: &tokio::runtime::Runtime,
+    device: &Device,
+    tasks: usize,
+    streams: usize,
+    seconds: f64,
+    out: &Path,
+) -> host::Result<()> {
+    let pool = PinnedPool::new(device);
+    let streams: Vec<Stream> = (0..streams.max(1))
+        .map(|_| Stream::new(device))
+        .collect::<host::Result<_>>()?;
+    let max_n = 1 << 20;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let (jobs, elements, bad) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let t0 = Instant::now();
+    let samples = rt.block_on(async {
+        let mut handles = Vec::new();
+        for t in 0..tasks {
+            let (pool, stream, device) = (
+                pool.clone(),
+                streams[t % streams.len()].clone(),
+                device.clone(),
+            );
+            let (jobs, elements, bad) = (jobs.clone(), elements.clone(), bad.clone());
+            handles.push(tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(t as u64);
+                let mut dev = DeviceBuffer::<f32>::new(&device, max_n)?;
+                while Instant::now() < deadline {
+                    let n = rng.usize(1_000..max_n);
+                    let mut input = pool.alloc::<f32>(n)?;
+                    host::compare::random_floats(input.as_mut_slice(), rng.u64(..));
+                    let output = pool.alloc::<f32>(n)?;
+                    let kernel = if rng.bool() {
+                        Kernel::Scale { s: 0.75 }
+                    } else {
+                        Kernel::Intensity { k: 16 }
+                    };
+                    let ((input, d, output), ()) = stream
+                        .run((input, dev, output), move |c, (i, d, o)| {
+                            let v = d.view().range(0..n)?;
+                            c.copy_h2d(i.host(), v)?;
+                            c.kernel(kernel, v)?;
+                            c.copy_d2h(v, o.host_mut())
+                        })
+                        .await?;
+                    dev = d;
+                    let wrong = input
+                        .as_slice()
+                        .iter()
+                        .zip(output.as_slice())
+                        .filter(|(x, y)| kernel.reference(**x).to_bits() != y.to_bits())
+                        .count();
+                    bad.fetch_add(wrong as u64, Ordering::Relaxed);
+                    elements.fetch_add(n as u64, Ordering::Relaxed);
+                    jobs.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, host::Error>(())
+            }));
+        }
+        let sampler = {
+            let (pool, jobs) = (pool.clone(), jobs.clone());
+            tokio::spawn(async move {
+                let mut v = Vec::new();
+                while Instant::now() < deadline {
+                    tokio::time::sleep(
+                        Duration::from_secs(1).min(
+                            deadline
+                                .saturating_duration_since(Instant::now())
+                                .max(Duration::from_millis(10)),
+                        ),
+                    )
+                    .await;
+                    v.push(Sample {
+                        t_s: t0.elapsed().as_secs_f64(),
+                        rss_mib: rss_mib(),
+                        jobs_done: jobs.load(Ordering::Relaxed),
+                        pool: pool.stats(),
+                    });
+                }
+                v
+            })
+        };
+        for h in handles {
+            h.await
+                .map_err(|e| host::Error::InvalidArgument(format!("load task: {e}")))??;
+        }
+        sampler
+            .await
+            .map_err(|e| host::Error::InvalidArgument(format!("sampler: {e}")))
+    })?;
+    let first = samples
+        .get(samples.len().min(3).saturating_sub(1))
+        .map_or(1.0, |s| s.rss_mib);
+    let last = samples.last().map_or(1.0, |s| s.rss_mib);
+    let res = Results {
+        meta: Meta::new(device),
+        tasks,
+        streams: streams.len(),
+        seconds: t0.elapsed().as_secs_f64(),
+        jobs: jobs.load(Ordering::Relaxed),
+        elements: elements.load(Ordering::Relaxed),
+        mismatches: bad.load(Ordering::Relaxed),
+        rss_growth: last / first,
+        pool_in_use_at_end: pool.stats().in_use_bytes,
+        samples,
+    };
+    println!(
+        "load: {} tasks on {} streams for {:.1} s: {} jobs, {:.2e} elements, {} mismatches; RSS {:.0} -> {:.0} MiB ({:.3}x), pool {} B in use at the end, {} hits / {} misses",
+        res.tasks, res.streams, res.seconds, res.jobs, res.elements as f64, res.mismatches, first, last, res.rss_growth, res.pool_in_use_at_end,
+        pool.stats().hits, pool.stats().misses
+    );
+    write_json(&out.join("load.json"), &res)?;
+    if res.mismatches > 0 || res.pool_in_use_at_end > 0 || res.jobs == 0 {
+        return Err(host::Error::InvalidArgument(
+            "load test failed: wrong results or leaked pool memory".into(),
+        ));
+    }
+    Ok(())
+}
