@@ -68,6 +68,8 @@ impl DeviceOptions {
 pub struct Device {
     pub(crate) backend: Arc<dyn Backend>,
     note: Arc<str>,
+    /// Device buffers alive now (a leak and use-after-free check for tests).
+    pub(crate) live_buffers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Device {
@@ -113,7 +115,11 @@ impl Device {
     }
 
     fn wrap(backend: Arc<dyn Backend>, note: Arc<str>) -> Device {
-        Device { backend, note }
+        Device {
+            backend,
+            note,
+            live_buffers: Arc::default(),
+        }
     }
 
     /// Name, driver, size of the device.
@@ -142,6 +148,12 @@ impl Device {
             i.total_memory as f64 / (1u64 << 30) as f64,
             self.note
         )
+    }
+
+    /// Device buffers of this handle alive now, including those a cancelled
+    /// job keeps until the GPU is done with them.
+    pub fn live_device_buffers(&self) -> usize {
+        self.live_buffers.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The first unrecoverable error, if the context is broken.
@@ -185,6 +197,42 @@ pub mod testing {
                 let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU): {test}: {e}");
                 None
             }
+        }
+    }
+
+    /// Test bodies that use the GPU run one at a time in a process: a test
+    /// holding a GPU-side gate closed must not share the device with another
+    /// test's `cuMemFree`, which waits for the whole device to go idle (and so
+    /// for the gate) while holding driver locks the first test may need.
+    pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens `gate` after 20 s if the test has not, so a failing test fails
+    /// instead of hanging the suite. Dropping the guard disarms it.
+    pub fn watchdog(gate: &Arc<crate::MappedFlag>) -> Watchdog {
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (a, g) = (armed.clone(), gate.clone());
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if !a.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+            }
+            eprintln!("watchdog: opening a gate the test left closed");
+            g.set(1);
+        });
+        Watchdog(armed)
+    }
+
+    /// Disarms its watchdog on drop.
+    pub struct Watchdog(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Watchdog {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
         }
     }
 

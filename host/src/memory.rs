@@ -255,6 +255,9 @@ impl<T: Pod> DeviceBuffer<T> {
     pub fn new(device: &Device, len: usize) -> Result<Self> {
         let bytes = byte_size::<T>(len)?;
         let ptr = device.backend.alloc_device(bytes)?;
+        device
+            .live_buffers
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(DeviceBuffer {
             ptr,
             len,
@@ -317,6 +320,9 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
         if let Err(e) = unsafe { self.device.backend.free_device(self.ptr) } {
             eprintln!("warning: freeing device memory failed: {e}");
         }
+        self.device
+            .live_buffers
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

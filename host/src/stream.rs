@@ -513,11 +513,12 @@ impl<B: Send + 'static, R> Drop for Job<B, R> {
         if let JobState::Pending { completion, .. } = &self.state {
             if !completion.is_done() {
                 let completion = completion.clone();
-                if let JobState::Pending { bundle, .. } =
+                if let JobState::Pending { bundle, keep, .. } =
                     std::mem::replace(&mut self.state, JobState::Done)
                 {
-                    // Released when the GPU is done, by the completion source; never here.
-                    completion.defer(move || drop(bundle));
+                    // Released when the GPU is done, by the completion source; never
+                    // here. `keep` (e.g. a pipeline's device scratch) goes with it.
+                    completion.defer(move || drop((bundle, keep)));
                 }
             }
         }

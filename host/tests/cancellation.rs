@@ -6,7 +6,7 @@
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use host::device::testing::backends;
+use host::device::testing::{backends, serial, watchdog};
 use host::{DeviceBuffer, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, Stream};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,7 @@ fn wait_for_baseline(pool: &PinnedPool) {
 
 #[test]
 fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing() {
+    let _serial = serial();
     for device in backends("cancellation_stress") {
         let mut rng = fastrand::Rng::with_seed(0xD0_0D);
         let pool = PinnedPool::new(&device);
@@ -115,5 +116,64 @@ fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing() {
         assert!(t0.elapsed() < Duration::from_secs(120), "no hang");
         let s = pool.stats();
         assert_eq!(s.hits + s.misses, 600);
+    }
+}
+
+#[test]
+fn a_dropped_pipeline_run_keeps_its_device_scratch_until_the_gpu_is_done() {
+    let _serial = serial();
+    for device in backends("cancelled_run_keeps_scratch") {
+        let pool = PinnedPool::new(&device);
+        let pipe = Pipeline::new(&device, 2).unwrap();
+        let gate = std::sync::Arc::new(host::MappedFlag::new(&device).unwrap());
+        let _watchdog = watchdog(&gate);
+        // Hold the pipeline's first stream on a GPU-side gate.
+        let held = pipe.streams()[0].run(gate.clone(), |c, g| c.gate(g));
+        let n = 10_000;
+        let (input, output) = (pool.alloc::<f32>(n).unwrap(), pool.alloc::<f32>(n).unwrap());
+        let run = pipe.run(
+            input,
+            output,
+            Kernel::Scale { s: 2.0 },
+            Plan::uniform(4, 2),
+            false,
+        );
+        let before = device.live_device_buffers();
+        assert_eq!(before, 2, "one scratch buffer per stream");
+        drop(run); // cancelled while held
+                   // A larger run makes the pipeline replace its scratch; the cancelled run's
+                   // buffers must stay alive, since its copies have not even started.
+        let m = 4 * n;
+        let (input, output) = (pool.alloc::<f32>(m).unwrap(), pool.alloc::<f32>(m).unwrap());
+        let bigger = pipe.run(
+            input,
+            output,
+            Kernel::Scale { s: 2.0 },
+            Plan::uniform(2, 2),
+            false,
+        );
+        assert_eq!(
+            device.live_device_buffers(),
+            4,
+            "the cancelled run's scratch was freed early"
+        );
+        gate.set(1);
+        block_on(held).unwrap();
+        block_on(bigger).unwrap();
+        for s in pipe.streams() {
+            s.synchronize().unwrap();
+        }
+        let t = Instant::now();
+        while device.live_device_buffers() != 2 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            device.live_device_buffers(),
+            2,
+            "the cancelled run's scratch is released at completion"
+        );
+        drop(pipe);
+        assert_eq!(device.live_device_buffers(), 0);
+        wait_for_baseline(&pool);
     }
 }

@@ -2,46 +2,11 @@
 //! always, CUDA when a GPU is there (required with REQUIRE_GPU=1).
 
 use futures::executor::block_on;
-use host::device::testing::backends;
+use host::device::testing::{backends, serial, watchdog};
 use host::{
     DeviceBuffer, HostFlags, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Registered,
     Stream,
 };
-
-/// CUDA tests run one at a time: a test holding a GPU-side gate closed must not
-/// share the device with another test's `cuMemFree`, which waits for the whole
-/// device to go idle (and so for the gate) while holding driver locks.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Opens `gate` after 20 s if the test has not: a broken test then fails
-/// instead of hanging the suite. Dropping the watchdog disarms it.
-struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-fn watchdog(gate: &std::sync::Arc<MappedFlag>) -> Watchdog {
-    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let (a, g) = (armed.clone(), gate.clone());
-    std::thread::spawn(move || {
-        for _ in 0..200 {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            if !a.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-        }
-        eprintln!("watchdog: opening a gate the test left closed");
-        g.set(1);
-    });
-    Watchdog(armed)
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-}
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = fastrand::Rng::with_seed(seed);
