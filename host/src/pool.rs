@@ -11,7 +11,9 @@
 //!   on drop and no polling at the next allocation (unlike PyTorch's
 //!   CachingHostAllocator, which queries events lazily when allocating).
 //! - Size classes: 4 KiB minimum, then eight classes per power of two, so a
-//!   block wastes less than 1/8 of its size.
+//!   block wastes less than 1/8 of its size; a request may take a cached
+//!   block up to 1/4 larger than its class (best fit) before going to the
+//!   driver, so mixed sizes converge on a stable set of blocks.
 //! - No driver call under a lock: the free lists are locked only to push or
 //!   pop a block; allocation and freeing by the driver happen outside.
 //! - Statistics, a cap on cached bytes, and `empty_cache`.
@@ -144,11 +146,18 @@ impl PinnedPool {
         let bytes = byte_size::<T>(len)?;
         let class = size_class(bytes);
         let c = &self.inner.c;
-        let reused = lock(&self.inner.free).get_mut(&class).and_then(Vec::pop);
+        // Best fit: the smallest cached block of this class or up to two
+        // classes above (at most 1/4 more), so a mix of sizes reuses what the
+        // cache holds instead of pinning more memory for each class.
+        let reused = {
+            let mut free = lock(&self.inner.free);
+            free.range_mut(class..=class + class / 4)
+                .find_map(|(_, blocks)| blocks.pop())
+        };
         let block = match reused {
             Some(b) => {
                 c.hits.fetch_add(1, Ordering::Relaxed);
-                c.cached.fetch_sub(class as u64, Ordering::Relaxed);
+                c.cached.fetch_sub(b.alloc.bytes as u64, Ordering::Relaxed);
                 b
             }
             None => {
@@ -168,7 +177,8 @@ impl PinnedPool {
                 Block { alloc }
             }
         };
-        let now = c.in_use.fetch_add(class as u64, Ordering::Relaxed) + class as u64;
+        let size = block.alloc.bytes as u64;
+        let now = c.in_use.fetch_add(size, Ordering::Relaxed) + size;
         c.peak.fetch_max(now, Ordering::Relaxed);
         c.blocks.fetch_add(1, Ordering::Relaxed);
         Ok(PooledBuffer {

@@ -437,3 +437,27 @@ fn the_cpu_thread_is_free_while_a_large_copy_is_in_flight() {
         );
     }
 }
+
+#[test]
+fn pool_serves_a_request_from_a_slightly_larger_cached_block() {
+    let _serial = serial();
+    for device in backends("pool_best_fit") {
+        let pool = PinnedPool::new(&device);
+        let big = pool.alloc::<u8>(1 << 20).unwrap(); // class 1 MiB
+        let p = big.as_ptr();
+        drop(big);
+        // 1 MiB - 100 KiB rounds to a class one step below: the 1 MiB block
+        // (under 1/4 larger) serves it.
+        let near = pool.alloc::<u8>((1 << 20) - 100 * 1024).unwrap();
+        assert_eq!(near.as_ptr(), p);
+        assert_eq!(near.block_bytes(), 1 << 20);
+        assert_eq!(pool.stats().in_use_bytes, 1 << 20);
+        drop(near);
+        // Half the size is too far below: a new block, not 2x waste.
+        let small = pool.alloc::<u8>(1 << 19).unwrap();
+        assert_ne!(small.as_ptr(), p);
+        drop(small);
+        let s = pool.stats();
+        assert_eq!((s.hits, s.misses, s.in_use_bytes), (1, 2, 0));
+    }
+}
