@@ -461,3 +461,26 @@ fn pool_serves_a_request_from_a_slightly_larger_cached_block() {
         assert_eq!((s.hits, s.misses, s.in_use_bytes), (1, 2, 0));
     }
 }
+
+#[test]
+fn a_device_that_does_not_exist_gets_a_typed_error() {
+    let _serial = serial();
+    let opts = host::DeviceOptions {
+        backend: host::BackendChoice::Cuda,
+        ordinal: 1000,
+        ..Default::default()
+    };
+    match host::Device::open(opts) {
+        // With a driver: the ordinal is checked against the device count.
+        Err(host::Error::NoSuchDevice { index, count }) => {
+            assert_eq!(index, 1000);
+            assert!(count < 1000);
+        }
+        // Without one: forcing CUDA says so instead of falling back silently.
+        Err(host::Error::BackendUnavailable(_)) => {
+            assert!(!host::driver_present() || !host::device::testing::gpu_required())
+        }
+        other => panic!("expected a typed error, got {other:?}"),
+    }
+    assert!("gpu0".parse::<host::BackendChoice>().is_err());
+}
