@@ -375,8 +375,19 @@ impl RawStream for CpuStream {
     }
 
     fn wait(&self, event: &RawEvent) -> Result<()> {
+        self.shared.usable()?;
         let c = event.completion.clone();
-        self.push(move |_| c.block())
+        // A wait always waits, even on a stream that has failed: later points of
+        // this stream must not complete (and release memory) while the other
+        // stream may still be touching it.
+        let task: Task = Box::new(move |_, failed| {
+            if let Err(e) = c.block() {
+                failed.get_or_insert(e);
+            }
+        });
+        lock(&self.tx)
+            .send(task)
+            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))
     }
 }
 
