@@ -352,7 +352,9 @@ impl RawStream for CpuStream {
         let completion = Completion::new();
         let stamp = Arc::new(OnceLock::new());
         let (c, s) = (completion.clone(), stamp.clone());
-        self.shared.usable()?;
+        // Recorded even on a broken context: the point completes (with the
+        // error) only after the work queued before it, so whoever waits for it
+        // still releases memory at the right time.
         let task: Task = Box::new(move |shared, failed| {
             let _ = s.set(Instant::now());
             let result = match (failed.as_ref(), shared.broken.get()) {
@@ -375,7 +377,6 @@ impl RawStream for CpuStream {
     }
 
     fn wait(&self, event: &RawEvent) -> Result<()> {
-        self.shared.usable()?;
         let c = event.completion.clone();
         // A wait always waits, even on a stream that has failed: later points of
         // this stream must not complete (and release memory) while the other

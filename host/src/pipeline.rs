@@ -187,8 +187,12 @@ impl Pipeline {
     }
 
     /// Device scratch of at least `len` floats for each of the first `s` streams.
-    fn scratch(&self, s: usize, len: usize) -> Result<Vec<Arc<DeviceBuffer<f32>>>> {
-        let mut sc = crate::completion::lock(&self.scratch);
+    fn scratch(
+        &self,
+        sc: &mut Vec<Arc<DeviceBuffer<f32>>>,
+        s: usize,
+        len: usize,
+    ) -> Result<Vec<Arc<DeviceBuffer<f32>>>> {
         if sc.len() < s || sc.iter().any(|b| b.len() < len) {
             // Old buffers may still be in use by runs in flight: those runs hold
             // their own Arc clones, so replacing them here frees nothing early.
@@ -230,7 +234,12 @@ impl Pipeline {
         }
         let ranges = plan.ranges(n);
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        let scratch = match self.scratch(streams, longest) {
+        // One run's commands reach each stream as one unbroken sequence: the
+        // next run on a stream reuses that stream's scratch, which is safe only
+        // if no other run's commands interleave (runs may start from many tasks
+        // at once). The lock covers enqueueing only, microseconds; never a wait.
+        let mut sc = crate::completion::lock(&self.scratch);
+        let scratch = match self.scratch(&mut sc, streams, longest) {
             Ok(s) => s,
             Err(e) => return Job::failed(e),
         };
@@ -307,7 +316,9 @@ impl Pipeline {
             }
             Ok(first.record()?.completion().clone())
         };
-        match last() {
+        let joined = last();
+        drop(sc);
+        match joined {
             Ok(all) => {
                 let value = outcome.map(|()| RunInfo {
                     plan,
@@ -316,10 +327,12 @@ impl Pipeline {
                 Job::from_parts(all, bundle, value, Some(Box::new(scratch)))
             }
             Err(e) => {
-                if enqueued > 0 {
+                if enqueued > 0 && self.device.broken().is_none() {
                     // The end of queued work can't be observed: never free it.
                     std::mem::forget((bundle, scratch));
                 }
+                // Otherwise (nothing queued, or a context broken for good, which
+                // runs nothing more) the buffers are released here.
                 Job::failed(outcome.err().unwrap_or(e))
             }
         }

@@ -177,11 +177,14 @@ impl Stream {
                 keep: None,
             },
             (outcome, Err(record_err)) => {
-                if enqueued > 0 {
-                    // Work was queued but its end can't be observed (the context
-                    // broke): never free what the GPU might still touch.
+                if enqueued > 0 && self.device.broken().is_none() {
+                    // Work was queued but its end can't be observed: never free
+                    // what the GPU might still touch.
                     std::mem::forget(bundle);
                 } else {
+                    // Nothing queued, or the context is broken for good: a broken
+                    // CUDA context runs nothing more (and its driver refuses to
+                    // free), so releasing the buffers is safe.
                     drop(bundle);
                 }
                 JobState::Failed(Some(outcome.err().unwrap_or(record_err)))

@@ -168,3 +168,43 @@ fn a_dropped_pipeline_run_keeps_its_device_scratch_until_the_gpu_is_done() {
         wait_for_baseline(&pool);
     }
 }
+
+#[test]
+fn pipeline_runs_started_from_many_tasks_at_once_all_verify() {
+    let _serial = serial();
+    for device in backends("concurrent_pipeline_runs") {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .build()
+            .unwrap();
+        let pool = PinnedPool::new(&device);
+        let pipe = std::sync::Arc::new(Pipeline::new(&device, 4).unwrap());
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..8u64 {
+                let (pool, pipe) = (pool.clone(), pipe.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut rng = fastrand::Rng::with_seed(t);
+                    for round in 0..20 {
+                        // Different sizes make the pipeline replace its scratch too.
+                        let n = rng.usize(10_000..120_000);
+                        let mut input = pool.alloc::<f32>(n).unwrap();
+                        input.as_mut_slice().copy_from_slice(&random(&mut rng, n));
+                        let output = pool.alloc::<f32>(n).unwrap();
+                        let kernel = Kernel::Intensity { k: 1 + t as u32 };
+                        let ((i, o), _) = pipe
+                            .run(input, output, kernel, Plan::uniform(8, 4), false)
+                            .await
+                            .unwrap();
+                        let (checked, bad) = verify(kernel, i.as_slice(), o.as_slice());
+                        assert_eq!((checked, bad), (n, 0), "task {t} round {round}");
+                    }
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        });
+        wait_for_baseline(&pool);
+    }
+}
