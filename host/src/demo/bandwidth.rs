@@ -78,7 +78,7 @@ pub fn run(
         let n = bytes / 4;
         let reps = if bytes >= 256 << 20 { 11 } else { 21 };
         let mut src = PinnedBuffer::<f32>::new(device, n)?;
-        super::report::fill_random(src.as_mut_slice(), 3);
+        host::compare::random_floats(src.as_mut_slice(), 3);
         let mut dst = PinnedBuffer::<f32>::new(device, n)?;
         let mut dev = DeviceBuffer::<f32>::new(device, n)?;
         let mut dev2 = DeviceBuffer::<f32>::new(device, n)?;

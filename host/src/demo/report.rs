@@ -79,22 +79,9 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Fills with fresh random floats in [-1, 1), never zero.
-pub fn fill_random(out: &mut [f32], seed: u64) {
-    host::compare::random_floats(out, seed);
-}
-
-/// Fresh random floats in [-1, 1), never zero.
+/// Fresh random floats in [-1, 1), never zero (the library's generator).
 pub fn random_floats(n: usize, seed: u64) -> Vec<f32> {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    (0..n)
-        .map(|_| {
-            let v = rng.f32() * 2.0 - 1.0;
-            if v == 0.0 {
-                0.5
-            } else {
-                v
-            }
-        })
-        .collect()
+    let mut v = vec![0f32; n];
+    host::compare::random_floats(&mut v, seed);
+    v
 }
