@@ -71,7 +71,12 @@ pub fn random_floats(out: &mut [f32], seed: u64) {
 /// A small xorshift generator: the library needs random test data without
 /// pulling a dependency into users' builds.
 fn fastrand_lite(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed | 1;
+    // Scramble the seed (splitmix64's finalizer): a small seed fed straight to
+    // xorshift gives a long run of values near -1.0 before it mixes.
+    let mut s = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    s = (s ^ (s >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    s = (s ^ (s >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let mut s = (s ^ (s >> 31)) | 1;
     move || {
         s ^= s << 13;
         s ^= s >> 7;
@@ -344,4 +349,25 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
     let c = futures::executor::block_on(compare(&device, &pool, &pipeline, &spec))?;
     c.print();
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_floats_spread_from_the_first_value_even_for_small_seeds() {
+        for seed in [0u64, 1, 3, 5] {
+            let mut v = vec![0f32; 1000];
+            random_floats(&mut v, seed);
+            assert!(v.iter().all(|x| (-1.0..1.0).contains(x) && *x != 0.0));
+            let first: Vec<_> = v[..8].to_vec();
+            assert!(
+                first.windows(2).all(|w| w[0] != w[1]),
+                "seed {seed}: {first:?}"
+            );
+            let mean = v.iter().map(|x| *x as f64).sum::<f64>() / v.len() as f64;
+            assert!(mean.abs() < 0.1, "seed {seed}: mean {mean}");
+        }
+    }
 }
