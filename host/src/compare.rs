@@ -311,7 +311,7 @@ impl Comparison {
     pub fn print(&self) {
         println!(
             "compare_sync_async(n = {}, {}): sync {:.3} ms (H2D {:.3} + kernel {:.3} + D2H {:.3}), async {:.3} ms \
-             [{} chunks x {} streams{}]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
+             [{}]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
             self.n,
             self.kernel.label(),
             self.sync_ms,
@@ -319,9 +319,7 @@ impl Comparison {
             self.stage_ms[1],
             self.stage_ms[2],
             self.async_ms,
-            self.plan.chunks,
-            self.plan.streams,
-            if self.plan.ramp { ", ramped" } else { "" },
+            self.plan,
             self.speedup,
             (1.0 - self.async_ms / self.sync_ms) * 100.0,
             self.overlap * 100.0,

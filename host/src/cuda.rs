@@ -74,6 +74,33 @@ pub(crate) struct Shared {
     _module: Module,
     sm_count: u32,
     wait_mode: WaitMode,
+    /// Recycled events, `[non-timing, timing]`: creating and destroying an
+    /// event per recorded point cost a driver call each way on every awaited
+    /// operation; a recycled one costs a lock.
+    free_events: [Mutex<Vec<RawCuEvent>>; 2],
+}
+
+/// Events kept for reuse per kind; more are destroyed.
+const EVENT_POOL_CAP: usize = 4096;
+
+/// A raw event handle in the free list.
+struct RawCuEvent(sys::CUevent);
+// SAFETY: CUevent is an opaque driver handle usable from any thread.
+unsafe impl Send for RawCuEvent {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Every EventHandle holds an Arc<Shared>, so no pooled event is in use.
+        let _ = self.bind();
+        for list in &self.free_events {
+            for e in lock(list).drain(..) {
+                // SAFETY: the event is ours and unused (see above).
+                unsafe {
+                    sys::cuEventDestroy_v2(e.0);
+                }
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -124,8 +151,12 @@ unsafe impl Send for Func {}
 // SAFETY: as above.
 unsafe impl Sync for Func {}
 
-/// An owned CUDA event, destroyed on drop.
-pub(crate) struct EventHandle(sys::CUevent);
+/// An owned CUDA event, recycled (or destroyed) on drop.
+pub(crate) struct EventHandle {
+    ev: sys::CUevent,
+    timing: bool,
+    shared: Arc<Shared>,
+}
 // SAFETY: CUevent is an opaque driver handle usable from any thread.
 unsafe impl Send for EventHandle {}
 // SAFETY: as above; record/query/synchronize are thread-safe driver calls.
@@ -135,7 +166,7 @@ impl EventHandle {
     /// wake-up is measured against.
     pub(crate) fn synchronize(&self) -> Result<()> {
         // SAFETY: the event is alive while &self is.
-        let r = unsafe { sys::cuEventSynchronize(self.0) };
+        let r = unsafe { sys::cuEventSynchronize(self.ev) };
         if r == CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
@@ -149,9 +180,19 @@ impl EventHandle {
 
 impl Drop for EventHandle {
     fn drop(&mut self) {
+        // Reuse is safe: nobody holds this handle any more, and a stream wait
+        // already enqueued on it refers to the record made before it (a later
+        // cuEventRecord does not change what an enqueued wait waits for).
+        if self.shared.broken.get().is_none() {
+            let mut free = lock(&self.shared.free_events[self.timing as usize]);
+            if free.len() < EVENT_POOL_CAP {
+                free.push(RawCuEvent(self.ev));
+                return;
+            }
+        }
         // SAFETY: we own the event; the driver defers destruction of a pending event.
         unsafe {
-            sys::cuEventDestroy_v2(self.0);
+            sys::cuEventDestroy_v2(self.ev);
         }
     }
 }
@@ -229,6 +270,7 @@ impl CudaBackend {
                 _module: module,
                 sm_count,
                 wait_mode,
+                free_events: Default::default(),
             }),
             info,
         })
@@ -396,7 +438,7 @@ impl Backend for CudaBackend {
                 self.shared.bind()?;
                 let mut ms = 0.0f32;
                 // SAFETY: both events are alive and were recorded with timing.
-                let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.0, b.0) };
+                let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.ev, b.ev) };
                 self.shared.check("cuEventElapsedTime", r)?;
                 Ok(ms)
             }
@@ -423,7 +465,7 @@ fn watch(shared: Arc<Shared>, rx: mpsc::Receiver<(Arc<EventHandle>, Completion)>
             (Err(e), _) | (_, Err(e)) => Err(e),
             // SAFETY: the event is alive (we hold it) and was recorded on our stream.
             _ => shared.check("cuEventSynchronize", unsafe {
-                sys::cuEventSynchronize(event.0)
+                sys::cuEventSynchronize(event.ev)
             }),
         };
         drop(event);
@@ -456,6 +498,14 @@ impl Drop for CudaStream {
 
 impl CudaStream {
     fn new_event(&self, timing: bool) -> Result<EventHandle> {
+        let recycled = lock(&self.shared.free_events[timing as usize]).pop();
+        if let Some(RawCuEvent(ev)) = recycled {
+            return Ok(EventHandle {
+                ev,
+                timing,
+                shared: self.shared.clone(),
+            });
+        }
         let mut flags = 0;
         if !timing {
             flags |= sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
@@ -467,7 +517,11 @@ impl CudaStream {
         // SAFETY: out-pointer to a local.
         let r = unsafe { sys::cuEventCreate(&mut e, flags) };
         self.shared.check("cuEventCreate", r)?;
-        Ok(EventHandle(e))
+        Ok(EventHandle {
+            ev: e,
+            timing,
+            shared: self.shared.clone(),
+        })
     }
 }
 
@@ -585,7 +639,7 @@ impl RawStream for CudaStream {
         self.shared.bind()?;
         let event = Arc::new(self.new_event(timing)?);
         // SAFETY: event and stream are alive.
-        let r = unsafe { sys::cuEventRecord(event.0, self.stream.0) };
+        let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
         self.shared.check("cuEventRecord", r)?;
         let completion = Completion::new();
         lock(&self.watcher)
@@ -604,7 +658,7 @@ impl RawStream for CudaStream {
         self.shared.bind()?;
         let event = Arc::new(self.new_event(false)?);
         // SAFETY: event and stream are alive.
-        let r = unsafe { sys::cuEventRecord(event.0, self.stream.0) };
+        let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
         self.shared.check("cuEventRecord", r)?;
         Ok(RawEvent {
             completion: Completion::new(),
@@ -619,7 +673,7 @@ impl RawStream for CudaStream {
         match &event.timer {
             Timer::Cuda(e) => {
                 // SAFETY: both handles alive.
-                let r = unsafe { sys::cuStreamWaitEvent(self.stream.0, e.0, 0) };
+                let r = unsafe { sys::cuStreamWaitEvent(self.stream.0, e.ev, 0) };
                 self.shared.check("cuStreamWaitEvent", r)
             }
             _ => Err(Error::InvalidArgument(

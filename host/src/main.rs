@@ -91,8 +91,12 @@ enum Cmd {
         n: usize,
         #[arg(long)]
         chunks: Option<usize>,
+        /// Streams (round robin), or device chunk buffers (with --engines).
         #[arg(long, default_value_t = 4)]
         streams: usize,
+        /// One stream per engine (copy-in, compute, copy-out).
+        #[arg(long)]
+        engines: bool,
     },
 }
 
@@ -155,10 +159,19 @@ fn run(cli: Cli) -> host::Result<()> {
             streams,
             seconds,
         } => demo::load::run(&rt, &device, tasks, streams, seconds, &out),
-        Cmd::Timeline { n, chunks, streams } => {
-            let pipe = host::Pipeline::new(&device, streams)?;
+        Cmd::Timeline {
+            n,
+            chunks,
+            streams,
+            engines,
+        } => {
+            let pipe = host::Pipeline::new(&device, streams.max(3))?;
             let plan = chunks.map_or(host::Plan::auto(n), |chunks| {
-                host::Plan::uniform(chunks, streams)
+                if engines {
+                    host::Plan::engines(chunks, streams)
+                } else {
+                    host::Plan::uniform(chunks, streams)
+                }
             });
             rt.block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
         }

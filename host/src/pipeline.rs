@@ -10,10 +10,27 @@
 //!
 //! Each stream reuses one chunk-sized device buffer; its stream order makes
 //! that safe (chunk `i + S` is copied in only after chunk `i` was copied out).
+//!
+//! The *engines* layout ([`Plan::engines`]) instead gives each engine its own
+//! stream: every host-to-device copy goes on a copy-in stream, every kernel on
+//! a compute stream, every device-to-host copy on a copy-out stream, linked by
+//! events, with a ring of device buffers:
+//!
+//! ```text
+//! copy-in:  [H2D c0][H2D c1][H2D c2][H2D c3]...   (waits: c_i+R for D2H c_i)
+//! compute:          [K c0]  [K c1]  [K c2]  ...   (waits: H2D c_i)
+//! copy-out:              [D2H c0][D2H c1][D2H c2] (waits: K c_i)
+//! ```
+//!
+//! Copies of one direction then never share the link with each other, so the
+//! first chunk arrives at full speed and the pipeline fills sooner.
+//!
+//! Consecutive runs on one pipeline are ordered on the GPU: every stream of a
+//! run first waits for the end of the previous run, so device scratch is never
+//! written by one run while another still reads it, whatever their layouts.
 //! A run is one [`Job`] owning the input, the output and the device buffers
 //! until the last stream is done, so dropping it early frees nothing in use.
 
-use crate::completion::Completion;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -38,7 +55,12 @@ pub struct Plan {
     /// previous chunk's copy, so the first chunk arrives at full link speed
     /// instead of sharing it with the next ones, and its kernel and D2H start
     /// sooner (a shorter fill), at the price of an event per chunk.
+    /// (Round-robin layout only.)
     pub chain: bool,
+    /// The engines layout (module docs): one stream per engine (copy-in,
+    /// compute, copy-out; the pipeline needs three streams), and `streams`
+    /// counts the device chunk buffers in the ring, i.e. chunks in flight.
+    pub engines: bool,
 }
 
 /// Target chunk size of [`Plan::auto`]: big enough that per-copy overhead is
@@ -59,6 +81,7 @@ impl Plan {
             streams: 4,
             ramp: false,
             chain: false,
+            engines: false,
         }
     }
 
@@ -69,6 +92,24 @@ impl Plan {
             streams,
             ramp: false,
             chain: false,
+            engines: false,
+        }
+    }
+
+    /// The engines layout: `chunks` chunks, `slots` device chunk buffers.
+    pub fn engines(chunks: usize, slots: usize) -> Plan {
+        Plan {
+            engines: true,
+            ..Plan::uniform(chunks, slots)
+        }
+    }
+
+    /// Streams a run of this plan uses.
+    pub fn streams_used(&self) -> usize {
+        if self.engines {
+            3
+        } else {
+            self.streams
         }
     }
 
@@ -138,6 +179,27 @@ impl Plan {
     }
 }
 
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.engines {
+            write!(
+                f,
+                "{} chunks, engine streams, {} buffers",
+                self.chunks, self.streams
+            )?;
+        } else {
+            write!(f, "{} chunks x {} streams", self.chunks, self.streams)?;
+        }
+        if self.ramp {
+            write!(f, ", ramped")?;
+        }
+        if self.chain {
+            write!(f, ", chained")?;
+        }
+        Ok(())
+    }
+}
+
 /// GPU timestamps of one chunk: before H2D, after H2D, after the kernel,
 /// after D2H (for the timeline plot).
 pub struct ChunkEvents {
@@ -161,7 +223,16 @@ pub struct RunInfo {
 pub struct Pipeline {
     device: Device,
     streams: Vec<Stream>,
-    scratch: Mutex<Vec<Arc<DeviceBuffer<f32>>>>,
+    state: Mutex<RunState>,
+}
+
+/// What consecutive runs share, under the pipeline's lock.
+#[derive(Default)]
+struct RunState {
+    /// Device chunk buffers.
+    scratch: Vec<Arc<DeviceBuffer<f32>>>,
+    /// The end of the last run enqueued (recorded on stream 0).
+    last_end: Option<Event>,
 }
 
 impl Pipeline {
@@ -177,7 +248,7 @@ impl Pipeline {
             streams: (0..streams)
                 .map(|_| Stream::new(device))
                 .collect::<Result<_>>()?,
-            scratch: Mutex::new(Vec::new()),
+            state: Mutex::new(RunState::default()),
         })
     }
 
@@ -224,25 +295,28 @@ impl Pipeline {
         {
             return Job::failed(e);
         }
-        let streams = plan.streams.min(self.streams.len());
-        if plan.streams > self.streams.len() {
+        let streams = plan.streams_used();
+        if streams > self.streams.len() {
             return Job::failed(Error::InvalidArgument(format!(
                 "plan wants {} streams, the pipeline has {}",
-                plan.streams,
+                streams,
                 self.streams.len()
             )));
         }
+        let slots = plan.streams;
         let ranges = plan.ranges(n);
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        // One run's commands reach each stream as one unbroken sequence: the
-        // next run on a stream reuses that stream's scratch, which is safe only
-        // if no other run's commands interleave (runs may start from many tasks
-        // at once). The lock covers enqueueing only, microseconds; never a wait.
-        let mut sc = crate::completion::lock(&self.scratch);
-        let scratch = match self.scratch(&mut sc, streams, longest) {
+        // One run's commands reach each stream as one unbroken sequence, after
+        // the end of the previous run: the next run reuses the scratch, which is
+        // safe only if no other run's commands interleave (runs may start from
+        // many tasks at once). The lock covers enqueueing only, microseconds;
+        // never a wait.
+        let mut st = crate::completion::lock(&self.state);
+        let scratch = match self.scratch(&mut st.scratch, slots, longest) {
             Ok(s) => s,
             Err(e) => return Job::failed(e),
         };
+        let after = st.last_end.take();
         let (src_ptr, dst_ptr, src_id, dst_id) = (src.ptr, dst.ptr, src.device_id, dst.device_id);
         let mut enqueued = 0;
         let mut events = timeline.then(Vec::new);
@@ -255,6 +329,31 @@ impl Pipeline {
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
         let mut enqueue = || -> Result<()> {
+            if let Some(prev) = &after {
+                // Stream 0 recorded `prev`: it is ordered already.
+                for c in &mut cmds[1..] {
+                    c.wait_event(prev)?;
+                }
+            }
+            if plan.engines {
+                return enqueue_engines(
+                    &self.device,
+                    &mut cmds,
+                    &ranges,
+                    &scratch,
+                    kernel,
+                    events.as_mut(),
+                    |r| {
+                        // SAFETY: r lies inside input and output (both n long).
+                        unsafe {
+                            (
+                                host_slice(src_ptr.add(r.start), r.len(), src_id),
+                                host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
+                            )
+                        }
+                    },
+                );
+            }
             let mut chained: Option<Event> = None;
             for (i, r) in ranges.iter().cloned().enumerate() {
                 let s = i % streams;
@@ -309,15 +408,24 @@ impl Pipeline {
         // Join the streams on the GPU: stream 0 waits for a marker of every
         // other stream, and one point recorded after that ends the run. One
         // watcher wakes the caller, instead of one per stream.
-        let last = || -> Result<Completion> {
+        let last = || -> Result<Event> {
             let first = &self.streams[0];
             for s in &self.streams[1..streams] {
                 first.wait_event(&s.marker()?)?;
             }
-            Ok(first.record()?.completion().clone())
+            first.record()
         };
-        let joined = last();
-        drop(sc);
+        let joined = last().map(|end| {
+            let all = end.completion().clone();
+            st.last_end = Some(end);
+            all
+        });
+        if joined.is_err() {
+            // The end of this run can't be observed, so the next run can't be
+            // ordered after it: it gets fresh scratch (this run's is kept below).
+            st.scratch.clear();
+        }
+        drop(st);
         match joined {
             Ok(all) => {
                 let value = outcome.map(|()| RunInfo {
@@ -339,6 +447,76 @@ impl Pipeline {
     }
 }
 
+/// Enqueues a run in the engines layout: copy-in, compute and copy-out
+/// streams (`cmds[0..3]`), linked by events, over a ring of device buffers.
+fn enqueue_engines<'a>(
+    device: &Device,
+    cmds: &mut [Commands<'a>],
+    ranges: &[std::ops::Range<usize>],
+    scratch: &[Arc<DeviceBuffer<f32>>],
+    kernel: Kernel,
+    mut events: Option<&mut Vec<ChunkEvents>>,
+    host: impl Fn(
+        std::ops::Range<usize>,
+    ) -> (
+        crate::memory::HostSlice<'a, f32>,
+        crate::memory::HostSliceMut<'a, f32>,
+    ),
+) -> Result<()> {
+    let [cin, ck, cout] = cmds else {
+        return Err(Error::InvalidArgument(
+            "the engines layout needs exactly three streams".into(),
+        ));
+    };
+    let slots = scratch.len().max(1);
+    let timeline = events.is_some();
+    // D2H-done points of the chunks whose buffer is still to be reused.
+    let mut out_done = std::collections::VecDeque::new();
+    for (i, r) in ranges.iter().cloned().enumerate() {
+        let (hs, hd) = host(r.clone());
+        let d = scratch[i % slots].view().range(0..r.len())?;
+        if i >= slots {
+            // The buffer's previous chunk must be out before this one comes in.
+            let prev: Event = out_done
+                .pop_front()
+                .ok_or_else(|| Error::InvalidArgument("engines ring out of step".into()))?;
+            cin.wait_event(&prev)?;
+        }
+        let t0 = if timeline {
+            Some(cin.record_timed(device)?)
+        } else {
+            None
+        };
+        cin.copy_h2d(hs, d)?;
+        let copied = if timeline {
+            cin.record_timed(device)?
+        } else {
+            cin.marker(device)?
+        };
+        ck.wait_event(&copied)?;
+        ck.kernel(kernel, d)?;
+        let computed = if timeline {
+            ck.record_timed(device)?
+        } else {
+            ck.marker(device)?
+        };
+        cout.wait_event(&computed)?;
+        cout.copy_d2h(d, hd)?;
+        if i + slots < ranges.len() {
+            out_done.push_back(cout.marker(device)?);
+        }
+        if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
+            let t3 = cout.record_timed(device)?;
+            ev.push(ChunkEvents {
+                chunk: i,
+                stream: 0,
+                events: [t0, copied, computed, t3],
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +531,7 @@ mod tests {
                         streams: 2,
                         ramp,
                         chain: false,
+                        engines: false,
                     };
                     let r = plan.ranges(n);
                     assert_eq!(r.first().map(|r| r.start), Some(0));
@@ -372,6 +551,7 @@ mod tests {
             streams: 4,
             ramp: true,
             chain: false,
+            engines: false,
         }
         .ranges(n);
         let m = Plan::uniform(16, 4).chunk_len(n);

@@ -53,7 +53,16 @@ fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing() {
             } else {
                 Kernel::Intensity { k: 3 }
             };
-            let plan = Plan::uniform(rng.usize(1..=8).min(n), rng.usize(1..=3));
+            let chunks = rng.usize(1..=8).min(n);
+            // Both layouts; the engines layout's ring of 1..=3 buffers.
+            let plan = if rng.bool() {
+                Plan::uniform(chunks, rng.usize(1..=3))
+            } else {
+                Plan {
+                    ramp: rng.bool(),
+                    ..Plan::engines(chunks, rng.usize(1..=3))
+                }
+            };
             let what = rng.u8(0..4);
             if round % 2 == 0 {
                 let mut run = pipe.run(input, output, kernel, plan, false);
@@ -192,10 +201,14 @@ fn pipeline_runs_started_from_many_tasks_at_once_all_verify() {
                         input.as_mut_slice().copy_from_slice(&random(&mut rng, n));
                         let output = pool.alloc::<f32>(n).unwrap();
                         let kernel = Kernel::Intensity { k: 1 + t as u32 };
-                        let ((i, o), _) = pipe
-                            .run(input, output, kernel, Plan::uniform(8, 4), false)
-                            .await
-                            .unwrap();
+                        // Layouts alternate, so runs of both share scratch.
+                        let plan = if (t + round) % 2 == 0 {
+                            Plan::uniform(8, 4)
+                        } else {
+                            Plan::engines(8, 3)
+                        };
+                        let ((i, o), _) =
+                            pipe.run(input, output, kernel, plan, false).await.unwrap();
                         let (checked, bad) = verify(kernel, i.as_slice(), o.as_slice());
                         assert_eq!((checked, bad), (n, 0), "task {t} round {round}");
                     }

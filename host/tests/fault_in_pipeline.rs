@@ -34,7 +34,11 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything() {
                                 input,
                                 output,
                                 Kernel::Intensity { k: 8 },
-                                Plan::uniform(8, 4),
+                                if t % 2 == 0 {
+                                    Plan::uniform(8, 4)
+                                } else {
+                                    Plan::engines(8, 3)
+                                },
                                 false,
                             )
                             .await

@@ -19,6 +19,15 @@ pub fn plan_grid(n: usize) -> Vec<Plan> {
             chain: true,
             ..Plan::uniform(chunks, 4)
         }))
+        .chain([8, 12, 16, 24, 32, 48, 64, 128].iter().flat_map(|&chunks| {
+            [
+                Plan::engines(chunks, 4),
+                Plan {
+                    ramp: true,
+                    ..Plan::engines(chunks, 4)
+                },
+            ]
+        }))
         .filter(|p| p.chunks <= n)
         .collect();
     let auto = Plan::auto(n);
@@ -195,9 +204,19 @@ pub async fn timeline(
             t,
         });
     }
-    let lanes: Vec<String> = (0..plan.streams)
-        .flat_map(|s| ["H2D", "kernel", "D2H"].map(|e| format!("stream {s} · {e}")))
-        .collect();
+    let lanes: Vec<String> = if plan.engines {
+        [
+            "copy-in stream · H2D",
+            "compute stream · kernel",
+            "copy-out stream · D2H",
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        (0..plan.streams)
+            .flat_map(|s| ["H2D", "kernel", "D2H"].map(|e| format!("stream {s} · {e}")))
+            .collect()
+    };
     let bars: Vec<Bar> = rows
         .iter()
         .flat_map(|r| {
@@ -212,9 +231,7 @@ pub async fn timeline(
     plots::timeline(
         svg,
         &format!(
-            "one pipelined run: {n} floats, {} chunks over {} streams ({})",
-            plan.chunks,
-            plan.streams,
+            "one pipelined run: {n} floats, {plan} ({})",
             device.info().name
         ),
         &lanes,
@@ -235,7 +252,7 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
         results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "sync", "chunks": 1, "streams": 1,
             "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": true}));
         for (p, ms) in &c.plans {
-            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams, "ramp": p.ramp,
+            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams, "ramp": p.ramp, "chain": p.chain, "engines": p.engines,
                 "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": *p == c.plan}));
         }
     }
