@@ -50,16 +50,15 @@ fn set_soft_memlock(bytes: u64) -> libc::rlimit {
         rlim_max: 0,
     };
     // SAFETY: writes one rlimit struct.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) },
-        0
-    );
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) };
+    assert_eq!(r, 0);
     let new = libc::rlimit {
         rlim_cur: bytes.min(old.rlim_max),
         rlim_max: old.rlim_max,
     };
     // SAFETY: reads one rlimit struct; lowering the soft limit is permitted.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &new) }, 0);
+    let r = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &new) };
+    assert_eq!(r, 0);
     old
 }
 
@@ -109,5 +108,6 @@ fn pinned_memory_beyond_the_memlock_limit_is_a_typed_error_and_the_pool_stays_us
     b.as_mut_slice()[0] = 1.0;
 
     // SAFETY: restores the struct read before.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) }, 0);
+    let r = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) };
+    assert_eq!(r, 0);
 }
