@@ -156,7 +156,8 @@ pub(crate) trait RawStream: Send + Sync {
     fn record(&self, timing: bool) -> Result<RawEvent>;
     /// Records a point only other streams wait for: nothing watches it (its
     /// completion never fires on CUDA), so it costs no watcher wake-up.
-    fn marker(&self) -> Result<RawEvent>;
+    /// `timing`: it can also be timed (`elapsed_ms`).
+    fn marker(&self, timing: bool) -> Result<RawEvent>;
     /// Makes later work on this stream wait for `event`.
     fn wait(&self, event: &RawEvent) -> Result<()>;
 }

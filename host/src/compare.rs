@@ -29,8 +29,12 @@ pub struct Comparison {
     pub async_ms: f64,
     /// The plan of `async_ms`.
     pub plan: Plan,
+    /// Host time to issue a run of `plan` (the call to `Pipeline::run`), median.
+    pub enqueue_ms: f64,
     /// Every plan tried, with its median.
     pub plans: Vec<(Plan, f64)>,
+    /// Issue time of each plan in `plans`, median.
+    pub plan_enqueue_ms: Vec<f64>,
     /// sync / async.
     pub speedup: f64,
     /// (sum of stages - pipelined) / (sum of stages - longest stage): 0 is no
@@ -39,6 +43,8 @@ pub struct Comparison {
     /// All bytes in and out at once, as two whole-array copies on two streams
     /// (NaN when not measured).
     pub bidir_bound_ms: f64,
+    /// The bound measured with each piece count: `(pieces, median ms)`.
+    pub bound_by_pieces: Vec<(usize, f64)>,
     /// async / bound (1.0 is the copy bound itself).
     pub async_over_bound: f64,
     /// Every checked output element equalled the CPU reference bit for bit.
@@ -159,22 +165,34 @@ pub async fn compare(
     } else {
         plans.to_vec()
     };
-    let mut tried = Vec::new();
-    for &plan in &plans {
-        let mut times = Vec::new();
-        for _ in 0..=reps {
+    // Repetitions interleave the plans (plan 1, plan 2, ..., plan 1, ...), so
+    // a drift in the machine's state affects every plan alike.
+    let mut times = vec![Vec::new(); plans.len()];
+    let mut enqueue = vec![Vec::new(); plans.len()];
+    for rep in 0..=reps {
+        for (k, &plan) in plans.iter().enumerate() {
             let t = Instant::now();
-            let ((i, o), _) = pipeline.run(input, output, kernel, plan, false).await?;
-            times.push(ms(t));
+            let job = pipeline.run(input, output, kernel, plan, false);
+            let issued = ms(t);
+            let ((i, o), _) = job.await?;
+            if rep > 0 {
+                times[k].push(ms(t));
+                enqueue[k].push(issued);
+            }
             (input, output) = (i, o);
         }
-        times.remove(0);
-        tried.push((plan, median(times)));
     }
-    let (plan, async_ms) = tried
+    let tried: Vec<(Plan, f64)> = plans
+        .iter()
+        .zip(&times)
+        .map(|(&p, t)| (p, median(t.clone())))
+        .collect();
+    let enqueue_ms: Vec<f64> = enqueue.into_iter().map(median).collect();
+    let (best, (plan, async_ms)) = tried
         .iter()
         .copied()
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .enumerate()
+        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
         .ok_or_else(|| Error::InvalidArgument("no plan".into()))?;
 
     // The last pipelined run's output, against the CPU, bit for bit.
@@ -184,11 +202,12 @@ pub async fn compare(
     // The bidirectional bound: n floats in on one stream while n floats go out
     // on another.
     drop((input, output));
-    let bound_ms = if with_bound {
+    let bound_by_pieces = if with_bound {
         bidirectional_ms(device, pool, n, reps).await?
     } else {
-        f64::NAN
+        Vec::new()
     };
+    let bound_ms = bound_by_pieces.iter().map(|b| b.1).fold(f64::NAN, f64::min);
 
     let stage_ms = [
         median(stages[0].clone()),
@@ -205,7 +224,9 @@ pub async fn compare(
         stage_ms,
         async_ms,
         plan,
+        enqueue_ms: enqueue_ms.get(best).copied().unwrap_or(f64::NAN),
         plans: tried,
+        plan_enqueue_ms: enqueue_ms,
         speedup: sync_ms / async_ms,
         overlap: if sum > longest {
             ((sum - async_ms) / (sum - longest)).clamp(-1.0, 1.0)
@@ -213,6 +234,7 @@ pub async fn compare(
             0.0
         },
         bidir_bound_ms: bound_ms,
+        bound_by_pieces,
         async_over_bound: async_ms / bound_ms,
         verified,
         checked,
@@ -258,14 +280,14 @@ pub fn verify(kernel: Kernel, input: &[f32], output: &[f32]) -> (usize, usize) {
 
 /// The bidirectional copy bound: median wall time of copying `n` floats in
 /// on one stream while `n` floats go out on another, with no dependency
-/// between the two; the best of a few chunkings (whole arrays, 8 and 32
-/// pieces), since the DMA engines share the link more evenly in pieces.
+/// between the two, for several chunkings (whole arrays, 4, 8, 16 and 32
+/// pieces back to back): `(pieces, median ms)` each. The bound is the best.
 pub async fn bidirectional_ms(
     device: &Device,
     pool: &PinnedPool,
     n: usize,
     reps: usize,
-) -> Result<f64> {
+) -> Result<Vec<(usize, f64)>> {
     let (s1, s2) = (Stream::new(device)?, Stream::new(device)?);
     let (mut hin, mut hout) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
     random_floats(hin.as_mut_slice(), 7);
@@ -273,8 +295,8 @@ pub async fn bidirectional_ms(
         DeviceBuffer::<f32>::new(device, n)?,
         DeviceBuffer::<f32>::new(device, n)?,
     );
-    let mut best = f64::INFINITY;
-    for pieces in [1usize, 8, 32] {
+    let mut by_pieces = Vec::new();
+    for pieces in [1usize, 4, 8, 16, 32] {
         let plan = Plan::uniform(pieces.min(n), 1);
         let mut times = Vec::new();
         for _ in 0..=reps {
@@ -301,9 +323,9 @@ pub async fn bidirectional_ms(
             (hin, d1, d2, hout) = (a, b, c, d);
         }
         times.remove(0);
-        best = best.min(median(times));
+        by_pieces.push((plan.chunks, median(times)));
     }
-    Ok(best)
+    Ok(by_pieces)
 }
 
 impl Comparison {
@@ -311,7 +333,7 @@ impl Comparison {
     pub fn print(&self) {
         println!(
             "compare_sync_async(n = {}, {}): sync {:.3} ms (H2D {:.3} + kernel {:.3} + D2H {:.3}), async {:.3} ms \
-             [{}]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
+             [{}, issued in {:.3} ms]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
             self.n,
             self.kernel.label(),
             self.sync_ms,
@@ -320,6 +342,7 @@ impl Comparison {
             self.stage_ms[2],
             self.async_ms,
             self.plan,
+            self.enqueue_ms,
             self.speedup,
             (1.0 - self.async_ms / self.sync_ms) * 100.0,
             self.overlap * 100.0,

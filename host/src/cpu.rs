@@ -372,8 +372,8 @@ impl RawStream for CpuStream {
         })
     }
 
-    fn marker(&self) -> Result<RawEvent> {
-        self.record(false)
+    fn marker(&self, timing: bool) -> Result<RawEvent> {
+        self.record(timing)
     }
 
     fn wait(&self, event: &RawEvent) -> Result<()> {

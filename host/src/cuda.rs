@@ -653,10 +653,10 @@ impl RawStream for CudaStream {
         })
     }
 
-    fn marker(&self) -> Result<RawEvent> {
+    fn marker(&self, timing: bool) -> Result<RawEvent> {
         self.shared.usable()?;
         self.shared.bind()?;
-        let event = Arc::new(self.new_event(false)?);
+        let event = Arc::new(self.new_event(timing)?);
         // SAFETY: event and stream are alive.
         let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
         self.shared.check("cuEventRecord", r)?;

@@ -146,7 +146,7 @@ fn run(cli: Cli) -> host::Result<()> {
                 host::Kernel::Intensity { k }
             });
             let cases: Vec<_> = sizes.iter().map(|&n| (n, kernel)).collect();
-            let pipe = host::Pipeline::new(&device, 4)?;
+            let pipe = host::Pipeline::new(&device, 8)?;
             rt.block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out))
                 .map(|_| ())
         }

@@ -370,7 +370,7 @@ impl Pipeline {
                     c.wait_event(&prev)?;
                 }
                 let t0 = if timeline {
-                    Some(c.record_timed(&self.device)?)
+                    Some(c.timed_marker(&self.device)?)
                 } else {
                     None
                 };
@@ -379,19 +379,19 @@ impl Pipeline {
                     chained = Some(c.marker(&self.device)?);
                 }
                 let t1 = if timeline {
-                    Some(c.record_timed(&self.device)?)
+                    Some(c.timed_marker(&self.device)?)
                 } else {
                     None
                 };
                 c.kernel(kernel, d)?;
                 let t2 = if timeline {
-                    Some(c.record_timed(&self.device)?)
+                    Some(c.timed_marker(&self.device)?)
                 } else {
                     None
                 };
                 c.copy_d2h(d, hd)?;
                 if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
-                    let t3 = c.record_timed(&self.device)?;
+                    let t3 = c.timed_marker(&self.device)?;
                     ev.push(ChunkEvents {
                         chunk: i,
                         stream: s,
@@ -483,20 +483,20 @@ fn enqueue_engines<'a>(
             cin.wait_event(&prev)?;
         }
         let t0 = if timeline {
-            Some(cin.record_timed(device)?)
+            Some(cin.timed_marker(device)?)
         } else {
             None
         };
         cin.copy_h2d(hs, d)?;
         let copied = if timeline {
-            cin.record_timed(device)?
+            cin.timed_marker(device)?
         } else {
             cin.marker(device)?
         };
         ck.wait_event(&copied)?;
         ck.kernel(kernel, d)?;
         let computed = if timeline {
-            ck.record_timed(device)?
+            ck.timed_marker(device)?
         } else {
             ck.marker(device)?
         };
@@ -506,7 +506,7 @@ fn enqueue_engines<'a>(
             out_done.push_back(cout.marker(device)?);
         }
         if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
-            let t3 = cout.record_timed(device)?;
+            let t3 = cout.timed_marker(device)?;
             ev.push(ChunkEvents {
                 chunk: i,
                 stream: 0,

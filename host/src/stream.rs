@@ -130,7 +130,7 @@ impl Stream {
     /// cannot be awaited (on CUDA nothing watches it, which keeps it cheap).
     pub(crate) fn marker(&self) -> Result<Event> {
         Ok(Event {
-            raw: self.raw.marker()?,
+            raw: self.raw.marker(false)?,
             device: self.device.clone(),
         })
     }
@@ -384,7 +384,16 @@ impl<'a> Commands<'a> {
     /// Records a point that other streams' commands can wait for.
     pub(crate) fn marker(&mut self, device: &Device) -> Result<Event> {
         Ok(Event {
-            raw: self.raw.marker()?,
+            raw: self.raw.marker(false)?,
+            device: device.clone(),
+        })
+    }
+
+    /// A timed marker: for measuring only (`elapsed_ms`), never awaited, so
+    /// no completion source watches it and it disturbs nothing it measures.
+    pub(crate) fn timed_marker(&mut self, device: &Device) -> Result<Event> {
+        Ok(Event {
+            raw: self.raw.marker(true)?,
             device: device.clone(),
         })
     }

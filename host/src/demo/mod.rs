@@ -288,7 +288,7 @@ pub fn full(
     println!("\n== streams and events as futures");
     latency(opts, scale.latency_samples, out)?;
     let pool = PinnedPool::new(device);
-    let pipe = Pipeline::new(device, 4)?;
+    let pipe = Pipeline::new(device, 8)?;
     println!("\n== overlap");
     let comps = rt.block_on(compare(
         device,

@@ -19,7 +19,13 @@ pub fn plan_grid(n: usize) -> Vec<Plan> {
             chain: true,
             ..Plan::uniform(chunks, 4)
         }))
-        .chain([8, 12, 16, 24, 32, 48, 64, 128].iter().flat_map(|&chunks| {
+        .chain(
+            [12, 16, 24]
+                .iter()
+                .flat_map(|&c| [6, 8].map(|s| Plan::uniform(c, s))),
+        )
+        .chain([16, 24, 32].map(|c| Plan::engines(c, 8)))
+        .chain([8, 12, 16, 24, 32, 48, 64].iter().flat_map(|&chunks| {
             [
                 Plan::engines(chunks, 4),
                 Plan {
