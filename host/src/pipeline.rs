@@ -63,26 +63,28 @@ pub struct Plan {
     pub engines: bool,
 }
 
-/// Target chunk size of [`Plan::auto`]: big enough that per-copy overhead is
-/// small, small enough that filling and draining the pipeline is short.
-pub const AUTO_CHUNK_BYTES: usize = 4 << 20;
+/// What one more chunk costs, in bytes of copy time: each copy has a fixed
+/// cost of about 7 us per direction (on the H200, 40 MB both ways took
+/// 0.822 ms as whole copies, 0.892 ms in 8 pieces and 0.934 ms in 16), which
+/// the link would have spent moving about 320 KiB.
+pub const AUTO_CHUNK_COST_BYTES: usize = 320 << 10;
 
 impl Plan {
-    /// A near-optimal plan for `n` floats on a PCIe GPU: chunks of about
-    /// [`AUTO_CHUNK_BYTES`], 4 to 64 of them, over 4 streams.
+    /// A near-optimal plan for `n` floats: the engines layout (it needs a
+    /// pipeline of at least three streams) with `k = sqrt(bytes /
+    /// AUTO_CHUNK_COST_BYTES)` chunks. More chunks add a fixed cost each
+    /// ([`AUTO_CHUNK_COST_BYTES`]); fewer make the one chunk nothing overlaps
+    /// (the fill, about `bytes / k`) longer; `k c + bytes / k` is least at
+    /// that `k`. About 11 chunks for 10^7 floats, 35 for 10^8, 110 for 10^9;
+    /// one chunk on one stream under about 1.5 MB.
     pub fn auto(n: usize) -> Plan {
-        if n * 4 < AUTO_CHUNK_BYTES / 2 {
-            // Under 2 MiB a copy is mostly fixed cost: cutting it only adds more.
+        let bytes = n.saturating_mul(4) as f64;
+        let k = (bytes / AUTO_CHUNK_COST_BYTES as f64).sqrt().round() as usize;
+        let k = k.clamp(1, 256).min(n.max(1));
+        if k < 2 {
             return Plan::uniform(1, 1);
         }
-        let chunks = (n * 4 / AUTO_CHUNK_BYTES).clamp(4, 64).min(n.max(1));
-        Plan {
-            chunks,
-            streams: 4,
-            ramp: false,
-            chain: false,
-            engines: false,
-        }
+        Plan::engines(k, 4)
     }
 
     /// A plan of `chunks` equal chunks over `streams` streams.
@@ -231,8 +233,11 @@ pub struct Pipeline {
 struct RunState {
     /// Device chunk buffers.
     scratch: Vec<Arc<DeviceBuffer<f32>>>,
-    /// The end of the last run enqueued (recorded on stream 0).
-    last_end: Option<Event>,
+    /// Per buffer: a point after the last command of an earlier run that
+    /// touched it. A run's first command on a buffer waits for it, so a run
+    /// may start while the previous one drains, yet never overwrites a buffer
+    /// still being read, whatever the two runs' layouts.
+    free: Vec<Option<Event>>,
 }
 
 impl Pipeline {
@@ -257,21 +262,22 @@ impl Pipeline {
         &self.streams
     }
 
-    /// Device scratch of at least `len` floats for each of the first `s` streams.
+    /// At least `s` device chunk buffers of at least `len` floats.
     fn scratch(
         &self,
-        sc: &mut Vec<Arc<DeviceBuffer<f32>>>,
+        st: &mut RunState,
         s: usize,
         len: usize,
     ) -> Result<Vec<Arc<DeviceBuffer<f32>>>> {
-        if sc.len() < s || sc.iter().any(|b| b.len() < len) {
+        if st.scratch.len() < s || st.scratch.iter().any(|b| b.len() < len) {
             // Old buffers may still be in use by runs in flight: those runs hold
             // their own Arc clones, so replacing them here frees nothing early.
-            *sc = (0..s.max(sc.len()))
+            st.scratch = (0..s.max(st.scratch.len()))
                 .map(|_| DeviceBuffer::new(&self.device, len).map(Arc::new))
                 .collect::<Result<_>>()?;
+            st.free = (0..st.scratch.len()).map(|_| None).collect();
         }
-        Ok(sc[..s].to_vec())
+        Ok(st.scratch[..s].to_vec())
     }
 
     /// Pushes `input` through H2D → `kernel` → D2H into `output`, cut by `plan`.
@@ -306,17 +312,17 @@ impl Pipeline {
         let slots = plan.streams;
         let ranges = plan.ranges(n);
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        // One run's commands reach each stream as one unbroken sequence, after
-        // the end of the previous run: the next run reuses the scratch, which is
-        // safe only if no other run's commands interleave (runs may start from
-        // many tasks at once). The lock covers enqueueing only, microseconds;
-        // never a wait.
-        let mut st = crate::completion::lock(&self.state);
-        let scratch = match self.scratch(&mut st.scratch, slots, longest) {
+        // One run's commands reach each stream as one unbroken sequence, and
+        // each buffer's first use waits for its last use by earlier runs
+        // (`RunState::free`), so runs may start from many tasks at once. The
+        // lock covers enqueueing only, microseconds; never a wait.
+        let mut guard = crate::completion::lock(&self.state);
+        let st = &mut *guard;
+        let scratch = match self.scratch(st, slots, longest) {
             Ok(s) => s,
             Err(e) => return Job::failed(e),
         };
-        let after = st.last_end.take();
+        let free = &mut st.free;
         let (src_ptr, dst_ptr, src_id, dst_id) = (src.ptr, dst.ptr, src.device_id, dst.device_id);
         let mut enqueued = 0;
         let mut events = timeline.then(Vec::new);
@@ -329,18 +335,12 @@ impl Pipeline {
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
         let mut enqueue = || -> Result<()> {
-            if let Some(prev) = &after {
-                // Stream 0 recorded `prev`: it is ordered already.
-                for c in &mut cmds[1..] {
-                    c.wait_event(prev)?;
-                }
-            }
             if plan.engines {
                 return enqueue_engines(
                     &self.device,
                     &mut cmds,
                     &ranges,
-                    &scratch,
+                    (&scratch, free),
                     kernel,
                     events.as_mut(),
                     |r| {
@@ -366,6 +366,9 @@ impl Pipeline {
                     )
                 };
                 let d = scratch[s].view().range(0..r.len())?;
+                if let Some(prev) = free[s].take() {
+                    c.wait_event(&prev)?;
+                }
                 if let Some(prev) = chained.take() {
                     c.wait_event(&prev)?;
                 }
@@ -399,6 +402,10 @@ impl Pipeline {
                     });
                 }
             }
+            // Each stream's buffer is free once the stream has passed this point.
+            for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
+                free[s] = Some(c.marker(&self.device)?);
+            }
             Ok(())
         };
         let outcome = enqueue();
@@ -409,23 +416,25 @@ impl Pipeline {
         // other stream, and one point recorded after that ends the run. One
         // watcher wakes the caller, instead of one per stream.
         let last = || -> Result<Event> {
+            if plan.engines && outcome.is_ok() {
+                // The last D2H comes after every other command of the run.
+                return self.streams[2].record();
+            }
             let first = &self.streams[0];
             for s in &self.streams[1..streams] {
                 first.wait_event(&s.marker()?)?;
             }
             first.record()
         };
-        let joined = last().map(|end| {
-            let all = end.completion().clone();
-            st.last_end = Some(end);
-            all
-        });
-        if joined.is_err() {
-            // The end of this run can't be observed, so the next run can't be
-            // ordered after it: it gets fresh scratch (this run's is kept below).
-            st.scratch.clear();
+        let joined = last().map(|end| end.completion().clone());
+        if outcome.is_err() || joined.is_err() {
+            // This run stopped part-way (or its end can't be observed), so the
+            // next run can't be ordered after its use of the buffers: it gets
+            // fresh ones (this run's stay alive with its job, or are kept below).
+            guard.scratch.clear();
+            guard.free.clear();
         }
-        drop(st);
+        drop(guard);
         match joined {
             Ok(all) => {
                 let value = outcome.map(|()| RunInfo {
@@ -453,7 +462,7 @@ fn enqueue_engines<'a>(
     device: &Device,
     cmds: &mut [Commands<'a>],
     ranges: &[std::ops::Range<usize>],
-    scratch: &[Arc<DeviceBuffer<f32>>],
+    (scratch, free): (&[Arc<DeviceBuffer<f32>>], &mut [Option<Event>]),
     kernel: Kernel,
     mut events: Option<&mut Vec<ChunkEvents>>,
     host: impl Fn(
@@ -475,11 +484,14 @@ fn enqueue_engines<'a>(
     for (i, r) in ranges.iter().cloned().enumerate() {
         let (hs, hd) = host(r.clone());
         let d = scratch[i % slots].view().range(0..r.len())?;
-        if i >= slots {
-            // The buffer's previous chunk must be out before this one comes in.
-            let prev: Event = out_done
-                .pop_front()
-                .ok_or_else(|| Error::InvalidArgument("engines ring out of step".into()))?;
+        // The buffer's previous chunk (of this run, or else of an earlier
+        // run) must be out before this one comes in.
+        let prev = if i >= slots {
+            out_done.pop_front()
+        } else {
+            free.get_mut(i).and_then(Option::take)
+        };
+        if let Some(prev) = prev {
             cin.wait_event(&prev)?;
         }
         let t0 = if timeline {
@@ -502,9 +514,7 @@ fn enqueue_engines<'a>(
         };
         cout.wait_event(&computed)?;
         cout.copy_d2h(d, hd)?;
-        if i + slots < ranges.len() {
-            out_done.push_back(cout.marker(device)?);
-        }
+        out_done.push_back(cout.marker(device)?);
         if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
             let t3 = cout.timed_marker(device)?;
             ev.push(ChunkEvents {
@@ -512,6 +522,13 @@ fn enqueue_engines<'a>(
                 stream: 0,
                 events: [t0, copied, computed, t3],
             });
+        }
+    }
+    // The last chunks' buffers are free once their D2H is done.
+    let first_left = ranges.len() - out_done.len();
+    for (k, done) in out_done.into_iter().enumerate() {
+        if let Some(slot) = free.get_mut((first_left + k) % slots) {
+            *slot = Some(done);
         }
     }
     Ok(())
@@ -557,6 +574,18 @@ mod tests {
         let m = Plan::uniform(16, 4).chunk_len(n);
         assert!(r[0].len() <= m / 8 && r[r.len() - 1].len() <= m / 8);
         assert!(r.iter().all(|c| c.len() <= m));
+    }
+
+    #[test]
+    fn auto_plans_balance_chunk_cost_against_fill() {
+        assert_eq!(Plan::auto(1), Plan::uniform(1, 1));
+        assert_eq!(Plan::auto(100_000), Plan::uniform(1, 1));
+        assert_eq!(Plan::auto(10_000_000), Plan::engines(11, 4));
+        assert_eq!(Plan::auto(100_000_000), Plan::engines(35, 4));
+        assert_eq!(Plan::auto(1_000_000_000), Plan::engines(110, 4));
+        for n in [2usize, 3, 1000, 1 << 20, 12_345_678] {
+            assert!(Plan::auto(n).validate(n).is_ok(), "{n}");
+        }
     }
 
     #[test]

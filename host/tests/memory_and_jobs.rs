@@ -488,3 +488,47 @@ fn a_device_that_does_not_exist_gets_a_typed_error() {
     }
     assert!("gpu0".parse::<host::BackendChoice>().is_err());
 }
+
+#[test]
+fn back_to_back_pipeline_runs_of_mixed_layouts_share_scratch_safely() {
+    // Runs issued without waiting in between: each may start while the one
+    // before still drains, on buffers the two share; every output must match.
+    let _serial = serial();
+    for device in backends("pipeline_back_to_back") {
+        let pool = PinnedPool::new(&device);
+        let pipe = host::Pipeline::new(&device, 4).unwrap();
+        let n = 300_000;
+        let plans = [
+            host::Plan::uniform(8, 4),
+            host::Plan::engines(8, 3),
+            host::Plan::engines(5, 2),
+            host::Plan::uniform(3, 2),
+            host::Plan {
+                ramp: true,
+                ..host::Plan::engines(16, 4)
+            },
+            host::Plan::engines(7, 1),
+            host::Plan::auto(n),
+            host::Plan::uniform(6, 3),
+        ];
+        let mut jobs = Vec::new();
+        for (k, plan) in plans.into_iter().cycle().take(4 * plans.len()).enumerate() {
+            let mut input = pool.alloc::<f32>(n).unwrap();
+            input
+                .as_mut_slice()
+                .copy_from_slice(&random(n, 100 + k as u64));
+            let output = pool.alloc::<f32>(n).unwrap();
+            let kernel = Kernel::Intensity {
+                k: 1 + k as u32 % 8,
+            };
+            jobs.push((kernel, plan, pipe.run(input, output, kernel, plan, false)));
+        }
+        for (kernel, plan, job) in jobs {
+            let ((i, o), info) = block_on(job).unwrap();
+            assert_eq!(info.plan, plan);
+            let (checked, bad) = host::compare::verify(kernel, i.as_slice(), o.as_slice());
+            assert_eq!((checked, bad), (n, 0), "{plan}");
+        }
+        assert_eq!(pool.stats().in_use_bytes, 0);
+    }
+}
