@@ -29,7 +29,13 @@ pub struct Results {
     pub mismatches: u64,
     pub samples: Vec<Sample>,
     /// RSS at the last sample over RSS at the first sample after warm-up.
+    /// RSS at the end over RSS at the third sample (the pool's cache fills
+    /// up to every size class the random sizes touch, then stays).
     pub rss_growth: f64,
+    /// The same over the second half of the run only, and the driver
+    /// allocations the pool made in that half: a leak would keep both growing.
+    pub rss_growth_second_half: f64,
+    pub driver_allocs_second_half: u64,
     pub pool_in_use_at_end: u64,
 }
 
@@ -144,6 +150,8 @@ pub fn run(
         .get(samples.len().min(3).saturating_sub(1))
         .map_or(1.0, |s| s.rss_mib);
     let last = samples.last().map_or(1.0, |s| s.rss_mib);
+    let half = samples.iter().find(|s| s.t_s >= seconds / 2.0);
+    let allocs_at = |s: Option<&Sample>| s.map_or(0, |s| s.pool.driver_allocs);
     let res = Results {
         meta: Meta::new(device),
         tasks,
@@ -153,12 +161,15 @@ pub fn run(
         elements: elements.load(Ordering::Relaxed),
         mismatches: bad.load(Ordering::Relaxed),
         rss_growth: last / first,
+        rss_growth_second_half: last / half.map_or(1.0, |s| s.rss_mib),
+        driver_allocs_second_half: allocs_at(samples.last()) - allocs_at(half),
         pool_in_use_at_end: pool.stats().in_use_bytes,
         samples,
     };
     println!(
-        "load: {} tasks on {} streams for {:.1} s: {} jobs, {:.2e} elements, {} mismatches; RSS {:.0} -> {:.0} MiB ({:.3}x), pool {} B in use at the end, {} hits / {} misses",
-        res.tasks, res.streams, res.seconds, res.jobs, res.elements as f64, res.mismatches, first, last, res.rss_growth, res.pool_in_use_at_end,
+        "load: {} tasks on {} streams for {:.1} s: {} jobs, {:.2e} elements, {} mismatches; RSS {:.0} -> {:.0} MiB ({:.3}x; second half {:.3}x, {} driver allocations), pool {} B in use at the end, {} hits / {} misses",
+        res.tasks, res.streams, res.seconds, res.jobs, res.elements as f64, res.mismatches, first, last, res.rss_growth,
+        res.rss_growth_second_half, res.driver_allocs_second_half, res.pool_in_use_at_end,
         pool.stats().hits, pool.stats().misses
     );
     write_json(&out.join("load.json"), &res)?;

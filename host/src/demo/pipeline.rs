@@ -6,8 +6,23 @@ use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
 use serde::Serialize;
 use std::path::Path;
 
-/// The plans each comparison tries (the peers try the same grid), plus auto.
-pub fn plan_grid(n: usize) -> Vec<Plan> {
+/// The plans a comparison tries: for `scale`, the peers' grid (round robin,
+/// 4..64 chunks over 2 or 4 streams), ramped and chained variants, more
+/// streams, and the engines layout over a range of chunk counts; for the
+/// tunable kernel (whose heavy settings take up to 50 ms a run), a compact
+/// grid. Always [`Plan::auto`] too.
+pub fn plan_grid(n: usize, kernel: Kernel) -> Vec<Plan> {
+    if matches!(kernel, Kernel::Intensity { .. }) {
+        let mut v: Vec<Plan> = [8, 16, 32]
+            .iter()
+            .flat_map(|&c| [Plan::uniform(c, 4), Plan::engines(c, 4)])
+            .filter(|p| p.chunks <= n)
+            .collect();
+        if !v.contains(&Plan::auto(n)) {
+            v.push(Plan::auto(n));
+        }
+        return v;
+    }
     let mut v: Vec<Plan> = [4, 8, 16, 32, 64]
         .iter()
         .flat_map(|&chunks| [2, 4].map(|streams| Plan::uniform(chunks, streams)))
@@ -55,7 +70,7 @@ pub async fn compare_all(
         let spec = Spec {
             n,
             kernel,
-            plans: plan_grid(n),
+            plans: plan_grid(n, kernel),
             reps,
             with_bound: true,
         };
