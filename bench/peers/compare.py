@@ -106,6 +106,7 @@ def build(docs, ours):
             entries[name] = {
                 "median_ms": pipe["median_ms"], "min_ms": pipe["min_ms"],
                 "chunks": pipe["chunks"], "streams": pipe["streams"], "reps": pipe["reps"],
+                "layout": pipe.get("layout", "round-robin"),
                 "verified": pipe["verified"] is True,
                 "sync_median_ms": None if sync is None else sync["median_ms"],
                 "ratio_vs_ours": None,
@@ -129,7 +130,7 @@ def print_table(order, rows, ours):
     for name in order:
         head += f"  | {name + ' ms':>12} {'cfg':>6} {'x ours':>7} {'sync ms':>9}"
     print(f"best pipelined median per peer; 'x ours' = peer_ms / {ours}_ms "
-          f"(> 1: {ours} is faster); cfg = chunks x streams")
+          f"(> 1: {ours} is faster); cfg = chunks x streams (E: one stream per engine)")
     print(head)
     print("-" * len(head))
     unverified = False
@@ -143,7 +144,7 @@ def print_table(order, rows, ours):
                 continue
             mark = "" if e["verified"] else "!"
             unverified |= not e["verified"]
-            cfg = f"{e['chunks']}x{e['streams']}"
+            cfg = f"{e['chunks']}x{e['streams']}" + ("E" if e.get("layout") == "engines" else "")
             ratio = "-" if e["ratio_vs_ours"] is None else f"{e['ratio_vs_ours']:.2f}"
             sync = "-" if e["sync_median_ms"] is None else f"{e['sync_median_ms']:.3f}"
             line += f"  | {e['median_ms']:>11.3f}{mark or ' '} {cfg:>6} {ratio:>7} {sync:>9}"

@@ -273,7 +273,8 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
         results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "sync", "chunks": 1, "streams": 1,
             "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": true}));
         for (p, ms) in &c.plans {
-            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams, "ramp": p.ramp, "chain": p.chain, "engines": p.engines,
+            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams_used(), "buffers": p.streams, "ramp": p.ramp, "chain": p.chain,
+                "layout": if p.engines { "engines" } else { "round-robin" },
                 "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": *p == c.plan}));
         }
     }
