@@ -419,16 +419,17 @@ impl Backend for CudaBackend {
             sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         };
         self.shared.check("cuStreamCreate", r)?;
-        let (tx, rx) = mpsc::channel::<(Arc<EventHandle>, Completion)>();
+        let (tx, rx) = mpsc::channel();
         let shared = self.shared.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("cuda-watcher".into())
             .spawn(move || watch(shared, rx))
             .map_err(|e| Error::InvalidArgument(format!("cannot start a watcher thread: {e}")))?;
         Ok(Box::new(CudaStream {
             stream: StreamHandle(s),
             shared: self.shared.clone(),
-            watcher: Mutex::new(tx),
+            watcher: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
         }))
     }
 
@@ -457,8 +458,12 @@ impl Backend for CudaBackend {
     }
 }
 
+/// What a stream sends its watcher: an event recorded on it and the completion it ends.
+type WatchTx = mpsc::Sender<(Arc<EventHandle>, Completion)>;
+type WatchRx = mpsc::Receiver<(Arc<EventHandle>, Completion)>;
+
 /// The watcher: completes each recorded point of one stream, in order.
-fn watch(shared: Arc<Shared>, rx: mpsc::Receiver<(Arc<EventHandle>, Completion)>) {
+fn watch(shared: Arc<Shared>, rx: WatchRx) {
     let bound = shared.bind();
     while let Ok((event, completion)) = rx.recv() {
         let result = match (bound.clone(), shared.usable()) {
@@ -482,16 +487,29 @@ unsafe impl Sync for StreamHandle {}
 struct CudaStream {
     stream: StreamHandle,
     shared: Arc<Shared>,
-    watcher: Mutex<mpsc::Sender<(Arc<EventHandle>, Completion)>>,
+    watcher: Mutex<Option<WatchTx>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
         // Pending work still runs to completion; the driver releases the stream
-        // afterwards. The watcher drains its queue and exits when the sender goes.
+        // afterwards. The watcher drains its queue (delivering the completions
+        // and deferred releases still due) and exits when the sender goes.
         // SAFETY: we own the stream handle.
         unsafe {
             sys::cuStreamDestroy_v2(self.stream.0);
+        }
+        drop(lock(&self.watcher).take());
+        // Wait for it: a watcher left running could be the last owner of the
+        // context and tear it down while the process exits, racing the
+        // driver's own teardown (seen as heap corruption at exit under
+        // compute-sanitizer). Not from the watcher itself (a deferred release
+        // that drops its own stream).
+        if let Some(t) = lock(&self.thread).take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -643,6 +661,8 @@ impl RawStream for CudaStream {
         self.shared.check("cuEventRecord", r)?;
         let completion = Completion::new();
         lock(&self.watcher)
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("the stream's watcher has stopped".into()))?
             .send((event.clone(), completion.clone()))
             .map_err(|_| Error::InvalidArgument("the stream's watcher has stopped".into()))?;
         Ok(RawEvent {

@@ -28,6 +28,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// An in-order queue of device work (a CUDA stream, or a CPU worker).
+///
+/// Clones share the stream. Dropping the last clone lets the work already
+/// queued run to completion; on CUDA it also waits until the stream's
+/// completion thread has delivered the completions still due (so no thread
+/// of ours outlives the stream), which takes as long as that work does.
 #[derive(Clone)]
 pub struct Stream {
     raw: Arc<dyn RawStream>,
