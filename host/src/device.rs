@@ -211,9 +211,14 @@ pub mod testing {
 
     /// Opens `gate` after 20 s if the test has not, so a failing test fails
     /// instead of hanging the suite. Dropping the guard disarms it.
+    ///
+    /// The thread holds the gate weakly: holding it (and so its device) would
+    /// make this thread the device's last owner once the test ends, tearing
+    /// the CUDA context down on its own schedule, even while the process
+    /// exits (heap corruption at exit under compute-sanitizer).
     pub fn watchdog(gate: &Arc<crate::MappedFlag>) -> Watchdog {
         let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (a, g) = (armed.clone(), gate.clone());
+        let (a, g) = (armed.clone(), Arc::downgrade(gate));
         std::thread::spawn(move || {
             for _ in 0..200 {
                 std::thread::sleep(std::time::Duration::from_millis(100));
@@ -221,8 +226,10 @@ pub mod testing {
                     return;
                 }
             }
-            eprintln!("watchdog: opening a gate the test left closed");
-            g.set(1);
+            if let Some(g) = g.upgrade() {
+                eprintln!("watchdog: opening a gate the test left closed");
+                g.set(1);
+            }
         });
         Watchdog(armed)
     }
