@@ -84,6 +84,11 @@ enum Cmd {
         streams: usize,
         #[arg(long, default_value_t = 30.0)]
         seconds: f64,
+        /// Cap on the pool's cached (free) bytes, MiB; 0: no cap. Random sizes
+        /// keep finding size classes with no free block for a long while, so an
+        /// uncapped cache grows slowly towards a plateau; the cap bounds it.
+        #[arg(long, default_value_t = 256)]
+        max_cached_mib: usize,
     },
     /// Draw the stream/engine timeline of one pipelined run.
     Timeline {
@@ -158,7 +163,18 @@ fn run(cli: Cli) -> host::Result<()> {
             tasks,
             streams,
             seconds,
-        } => demo::load::run(&rt, &device, tasks, streams, seconds, &out),
+            max_cached_mib,
+        } => demo::load::run(
+            &rt,
+            &device,
+            demo::load::Config {
+                tasks,
+                streams,
+                seconds,
+                max_cached_bytes: (max_cached_mib > 0).then_some(max_cached_mib << 20),
+            },
+            &out,
+        ),
         Cmd::Timeline {
             n,
             chunks,

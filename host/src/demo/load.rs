@@ -24,6 +24,7 @@ pub struct Results {
     pub tasks: usize,
     pub streams: usize,
     pub seconds: f64,
+    pub max_cached_bytes: Option<usize>,
     pub jobs: u64,
     pub elements: u64,
     pub mismatches: u64,
@@ -51,15 +52,31 @@ fn rss_mib() -> f64 {
     pages * page / 1048576.0
 }
 
+/// What `host load` runs.
+pub struct Config {
+    pub tasks: usize,
+    pub streams: usize,
+    pub seconds: f64,
+    /// The pool's cap on cached bytes (`None`: uncapped).
+    pub max_cached_bytes: Option<usize>,
+}
+
 pub fn run(
     rt: &tokio::runtime::Runtime,
     device: &Device,
-    tasks: usize,
-    streams: usize,
-    seconds: f64,
+    cfg: Config,
     out: &Path,
 ) -> host::Result<()> {
+    let Config {
+        tasks,
+        streams,
+        seconds,
+        max_cached_bytes,
+    } = cfg;
     let pool = PinnedPool::new(device);
+    if let Some(cap) = max_cached_bytes {
+        pool.set_max_cached_bytes(cap);
+    }
     let streams: Vec<Stream> = (0..streams.max(1))
         .map(|_| Stream::new(device))
         .collect::<host::Result<_>>()?;
@@ -157,6 +174,7 @@ pub fn run(
         tasks,
         streams: streams.len(),
         seconds: t0.elapsed().as_secs_f64(),
+        max_cached_bytes,
         jobs: jobs.load(Ordering::Relaxed),
         elements: elements.load(Ordering::Relaxed),
         mismatches: bad.load(Ordering::Relaxed),
