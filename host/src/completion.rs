@@ -6,12 +6,12 @@
 //! recorded point has finished; the awaiting task then runs.
 //!
 //! Protocol and memory ordering:
-//! - `complete` writes the result into a `OnceLock`, then sets `done` with
-//!   `Release` *while holding* the waiters lock, then wakes the waiters it
-//!   took. A waiter checks `done` with `Acquire` first (fast path), and
-//!   otherwise registers its waker under the same lock after re-checking
-//!   `done`: register-then-recheck, so a completion that races with
-//!   registration is never missed.
+//! - `complete` stores the result and sets `done` (`Release`) *while holding*
+//!   the state lock, takes the wakers and deferred actions, and wakes them
+//!   after unlocking. A waiter checks `done` with `Acquire` first (fast path),
+//!   and otherwise, under the same lock, re-checks the result and registers
+//!   its waker: register-then-recheck, so a completion that races with
+//!   registration is never missed (the lock orders the two).
 //! - Deferred actions (dropping buffers whose owner gave up waiting) run once,
 //!   after `done` is set, on the completing thread; an action deferred after
 //!   completion runs at once. This is what makes dropping an unfinished future
@@ -19,26 +19,46 @@
 //!   blocks.
 //!
 //! No lock is held across a wake, a deferred action or a driver call.
+//!
+//! Checked by Miri (CI) and by loom, which explores the interleavings of
+//! completion against registration, deferral and `join`
+//! (`RUSTFLAGS="--cfg loom" cargo test -p host --lib --release loom`).
 
 use crate::error::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
+
+#[cfg(loom)]
+use loom::sync::{
+    atomic::{AtomicBool, AtomicUsize},
+    Arc, Mutex, MutexGuard,
+};
+#[cfg(not(loom))]
+use std::sync::{
+    atomic::{AtomicBool, AtomicUsize},
+    Arc, Mutex, MutexGuard,
+};
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
 #[derive(Default)]
-struct Waiters {
+struct State {
+    result: Option<Result<()>>,
     wakers: Vec<Waker>,
     deferred: Vec<Deferred>,
 }
 
 struct Inner {
+    /// Set once `state.result` is; lets the fast path skip the lock.
     done: AtomicBool,
-    result: OnceLock<Result<()>>,
-    waiters: Mutex<Waiters>,
+    state: Mutex<State>,
+}
+
+/// Locks the state, ignoring poisoning (no code path panics holding it).
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A shareable one-shot completion signal carrying `Result<(), Error>`.
@@ -67,8 +87,7 @@ impl Completion {
         Completion {
             inner: Arc::new(Inner {
                 done: AtomicBool::new(false),
-                result: OnceLock::new(),
-                waiters: Mutex::new(Waiters::default()),
+                state: Mutex::new(State::default()),
             }),
         }
     }
@@ -83,18 +102,22 @@ impl Completion {
     /// Marks the completion finished with `result`, wakes every waiter and runs
     /// deferred actions. Only the first call has an effect.
     pub fn complete(&self, result: Result<()>) {
-        if self.inner.result.set(result).is_err() {
-            return; // already completed
-        }
-        let taken = {
-            let mut w = lock(&self.inner.waiters);
+        let (wakers, deferred) = {
+            let mut s = locked(&self.inner.state);
+            if s.result.is_some() {
+                return; // already completed
+            }
+            s.result = Some(result);
             self.inner.done.store(true, Ordering::Release);
-            std::mem::take(&mut *w)
+            (
+                std::mem::take(&mut s.wakers),
+                std::mem::take(&mut s.deferred),
+            )
         };
-        for waker in taken.wakers {
+        for waker in wakers {
             waker.wake();
         }
-        for action in taken.deferred {
+        for action in deferred {
             action();
         }
     }
@@ -107,7 +130,7 @@ impl Completion {
     /// The result, once finished.
     pub fn result(&self) -> Option<Result<()>> {
         if self.is_done() {
-            self.inner.result.get().cloned()
+            locked(&self.inner.state).result.clone()
         } else {
             None
         }
@@ -116,9 +139,9 @@ impl Completion {
     /// Runs `action` once the completion has finished (at once if it has).
     pub fn defer(&self, action: impl FnOnce() + Send + 'static) {
         {
-            let mut w = lock(&self.inner.waiters);
-            if !self.inner.done.load(Ordering::Acquire) {
-                w.deferred.push(Box::new(action));
+            let mut s = locked(&self.inner.state);
+            if s.result.is_none() {
+                s.deferred.push(Box::new(action));
                 return;
             }
         }
@@ -127,22 +150,17 @@ impl Completion {
 
     /// Polls for completion, registering `cx`'s waker if still pending.
     pub fn poll_done(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        if let Some(r) = self.result() {
-            return Poll::Ready(r);
+        let mut s = locked(&self.inner.state);
+        if let Some(r) = &s.result {
+            return Poll::Ready(r.clone());
         }
-        {
-            let mut w = lock(&self.inner.waiters);
-            if !self.inner.done.load(Ordering::Acquire) {
-                // Replace our previous waker rather than growing the list on every poll.
-                if let Some(slot) = w.wakers.iter_mut().find(|k| k.will_wake(cx.waker())) {
-                    slot.clone_from(cx.waker());
-                } else {
-                    w.wakers.push(cx.waker().clone());
-                }
-                return Poll::Pending;
-            }
+        // Replace our previous waker rather than growing the list on every poll.
+        if let Some(slot) = s.wakers.iter_mut().find(|k| k.will_wake(cx.waker())) {
+            slot.clone_from(cx.waker());
+        } else {
+            s.wakers.push(cx.waker().clone());
         }
-        Poll::Ready(self.inner.result.get().cloned().unwrap_or(Ok(())))
+        Poll::Pending
     }
 
     /// A future that resolves when the completion finishes.
@@ -173,15 +191,19 @@ impl Future for Wait {
 
 /// Locks, ignoring poisoning: the protected data stays consistent because no
 /// code path panics while holding these locks.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Completes with the first error of `parts`, once all of them are done.
+///
+/// Ordering: each part's deferred action records its error (under a lock)
+/// before its `AcqRel` decrement; the last decrement therefore sees every
+/// error recorded before it.
 pub fn join(parts: &[Completion]) -> Completion {
     let all = Completion::new();
-    let remaining = Arc::new(std::sync::atomic::AtomicUsize::new(parts.len()));
-    let first_err: Arc<OnceLock<Error>> = Arc::new(OnceLock::new());
+    let remaining = Arc::new(AtomicUsize::new(parts.len()));
+    let first_err: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
     if parts.is_empty() {
         all.complete(Ok(()));
     }
@@ -190,20 +212,86 @@ pub fn join(parts: &[Completion]) -> Completion {
             (all.clone(), remaining.clone(), first_err.clone(), p.clone());
         p.defer(move || {
             if let Some(Err(e)) = p2.result() {
-                let _ = first_err.set(e);
+                locked(&first_err).get_or_insert(e);
             }
             if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                all.complete(first_err.get().cloned().map_or(Ok(()), Err));
+                let err = locked(&first_err).take();
+                all.complete(err.map_or(Ok(()), Err));
             }
         });
     }
     all
 }
 
-#[cfg(test)]
+/// Model checks: loom runs each body under every interleaving of its threads
+/// (up to its preemption bound) and fails on a deadlock, i.e. a lost wake-up.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::future::block_on;
+    use loom::thread;
+
+    #[test]
+    fn completion_racing_registration_always_wakes_the_waiter() {
+        loom::model(|| {
+            let c = Completion::new();
+            let c2 = c.clone();
+            let t = thread::spawn(move || c2.complete(Ok(())));
+            assert!(block_on(c.wait()).is_ok());
+            t.join().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_deferred_action_runs_exactly_once_whoever_wins() {
+        loom::model(|| {
+            let c = Completion::new();
+            let runs = Arc::new(AtomicUsize::new(0));
+            let (c2, r2) = (c.clone(), runs.clone());
+            let t = thread::spawn(move || {
+                c2.defer(move || {
+                    r2.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            c.complete(Ok(()));
+            t.join().unwrap();
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+        });
+    }
+
+    #[test]
+    fn only_the_first_result_counts_and_every_waiter_sees_it() {
+        loom::model(|| {
+            let c = Completion::new();
+            let (a, b) = (c.clone(), c.clone());
+            let ta = thread::spawn(move || a.complete(Err(Error::ContextBroken("a".into()))));
+            let tb = thread::spawn(move || b.complete(Ok(())));
+            let seen = block_on(c.wait());
+            ta.join().unwrap();
+            tb.join().unwrap();
+            // Whichever completed first, later readers agree with the waiter.
+            assert_eq!(seen.is_ok(), c.result().map(|r| r.is_ok()) == Some(true));
+        });
+    }
+
+    #[test]
+    fn join_completes_once_with_the_error_of_a_part() {
+        loom::model(|| {
+            let (a, b) = (Completion::new(), Completion::new());
+            let j = join(&[a.clone(), b.clone()]);
+            let ta = thread::spawn(move || a.complete(Err(Error::ContextBroken("trap".into()))));
+            let tb = thread::spawn(move || b.complete(Ok(())));
+            let r = block_on(j.wait());
+            ta.join().unwrap();
+            tb.join().unwrap();
+            assert!(matches!(r, Err(Error::ContextBroken(_))));
+        });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
     #[test]
     fn completes_once_and_wakes_every_waiter() {
