@@ -72,7 +72,8 @@ impl Scale {
                     1_000_000_000,
                 ],
                 timeline_n: 100_000_000,
-                reps: 10,
+                // As many as the peers (bench/peers) time per configuration.
+                reps: 20,
             }
         }
     }
