@@ -532,3 +532,85 @@ fn back_to_back_pipeline_runs_of_mixed_layouts_share_scratch_safely() {
         assert_eq!(pool.stats().in_use_bytes, 0);
     }
 }
+
+#[test]
+fn zero_length_work_and_mismatched_kernel_arguments() {
+    let _serial = serial();
+    for device in backends("zero_length") {
+        let stream = Stream::new(&device).unwrap();
+        let pool = PinnedPool::new(&device);
+        // Zero-length copies and kernels: accepted, nothing to do, buffers back.
+        let (h, d, o) = (
+            pool.alloc::<f32>(0).unwrap(),
+            DeviceBuffer::<f32>::new(&device, 0).unwrap(),
+            pool.alloc::<f32>(0).unwrap(),
+        );
+        let ((h, d, o), ()) = block_on(stream.run((h, d, o), |c, (h, d, o)| {
+            c.copy_h2d(h.host(), d.view())?;
+            c.kernel(Kernel::Scale { s: 2.0 }, d.view())?;
+            c.copy_d2h(d.view(), o.host_mut())
+        }))
+        .unwrap();
+        assert_eq!((h.len(), d.len(), o.len()), (0, 0, 0));
+        drop((h, o));
+        // A zero-length pipeline run: accepted, nothing to do.
+        let pipe = host::Pipeline::new(&device, 3).unwrap();
+        let (i, o) = (pool.alloc::<f32>(0).unwrap(), pool.alloc::<f32>(0).unwrap());
+        let run = pipe.run(i, o, Kernel::Scale { s: 2.0 }, host::Plan::auto(0), false);
+        assert!(block_on(run).is_ok());
+        // compare_sync_async needs data.
+        assert!(matches!(
+            block_on(host::compare::compare(
+                &device,
+                &pool,
+                &pipe,
+                &host::compare::Spec {
+                    n: 0,
+                    kernel: Kernel::Scale { s: 2.0 },
+                    plans: Vec::new(),
+                    reps: 1,
+                    with_bound: false
+                }
+            )),
+            Err(host::Error::InvalidArgument(_))
+        ));
+        // Kernel arguments that don't fit: saxpy over x and y of different lengths.
+        let (x, y) = (
+            DeviceBuffer::<f32>::new(&device, 8).unwrap(),
+            DeviceBuffer::<f32>::new(&device, 7).unwrap(),
+        );
+        let r = block_on(stream.run((x, y), |c, (x, y)| c.saxpy(2.0, x.view(), y.view())));
+        assert!(
+            matches!(
+                r,
+                Err(host::Error::LengthMismatch {
+                    expected: 8,
+                    got: 7,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        // An engines plan on a pipeline of too few streams.
+        let small = host::Pipeline::new(&device, 2).unwrap();
+        let (i, o) = (
+            pool.alloc::<f32>(64).unwrap(),
+            pool.alloc::<f32>(64).unwrap(),
+        );
+        let r = block_on(small.run(
+            i,
+            o,
+            Kernel::Scale { s: 2.0 },
+            host::Plan::engines(2, 2),
+            false,
+        ));
+        assert!(
+            matches!(r, Err(host::Error::InvalidArgument(_))),
+            "{:?}",
+            r.err()
+        );
+        // Everything still works, and nothing is held.
+        stream.synchronize().unwrap();
+        assert_eq!(pool.stats().in_use_bytes, 0);
+    }
+}
