@@ -32,11 +32,16 @@ pub struct ModeResult {
     pub sync_p99_us: f64,
     /// wake_median / sync_median (target: at most 1.3).
     pub median_ratio: f64,
-    /// Process CPU time per awaited 4-byte copy, and per synchronized one.
+    /// Process CPU time per awaited 4-byte copy, and per synchronized one
+    /// (medians over `cpu_rounds` rounds that alternate the two).
     pub cpu_us_per_awaited_op: f64,
     pub cpu_us_per_synced_op: f64,
-    /// The difference: what awaiting costs the CPU beyond the driver's wait.
+    /// The difference, median over rounds: what awaiting costs the CPU
+    /// beyond the driver's wait; and its spread over rounds.
     pub cpu_overhead_us: f64,
+    pub cpu_overhead_p10_us: f64,
+    pub cpu_overhead_p90_us: f64,
+    pub cpu_rounds: usize,
     pub wall_us_per_awaited_op: f64,
     pub wall_us_per_synced_op: f64,
 }
@@ -63,19 +68,25 @@ pub struct Summary {
     pub spinning_sync_median_us: f64,
     pub ratio_vs_blocking_sync: f64,
     pub ratio_vs_spinning_sync: f64,
-    /// CPU per awaited operation beyond a synchronized one (spin watcher).
+    /// CPU per awaited operation beyond a synchronized one (spin watcher),
+    /// median over rounds, and the rounds' 10th and 90th percentiles.
     pub cpu_overhead_us: f64,
+    pub cpu_overhead_p10_us: f64,
+    pub cpu_overhead_p90_us: f64,
 }
 
+/// CPU time of the whole process (every thread), to the nanosecond.
 fn cpu_time() -> Duration {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes one rusage struct.
-    let u = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
-        u.assume_init()
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(u.ru_utime) + tv(u.ru_stime)
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    Duration::new(
+        t.tv_sec.max(0) as u64,
+        t.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
 }
 
 fn spin(d: Duration) {
@@ -112,6 +123,8 @@ pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> 
         ratio_vs_blocking_sync: spin.wake_median_us / blocking.sync_median_us,
         ratio_vs_spinning_sync: spin.wake_median_us / spin.sync_median_us,
         cpu_overhead_us: spin.cpu_overhead_us,
+        cpu_overhead_p10_us: spin.cpu_overhead_p10_us,
+        cpu_overhead_p90_us: spin.cpu_overhead_p90_us,
     };
     Ok(Results {
         meta: meta.ok_or_else(|| host::Error::InvalidArgument("no mode ran".into()))?,
@@ -183,34 +196,45 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
         futures::executor::block_on(job)?;
     }
 
-    // CPU cost per operation: a 4-byte copy, awaited vs synchronized.
-    // Both loops reuse the same two buffers, so they differ only in the wait.
+    // CPU cost per operation: a 4-byte copy, awaited vs synchronized. Both
+    // reuse the same two buffers, so they differ only in the wait; rounds
+    // alternate the two (a block of each per round), and the figures are
+    // medians over rounds, so a drift in the machine hits both alike.
     let pool = PinnedPool::new(device);
-    let ops = samples.max(1000);
-    let s3 = stream.clone();
-    let (h, dev) = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
-    let (cpu0, w0) = (cpu_time(), Instant::now());
-    let mut bundle = rt.block_on(async move {
-        tokio::spawn(async move {
-            let mut b = (h, dev);
-            for _ in 0..ops {
-                (b, ()) = s3.copy_h2d(b.0, b.1).await?;
-            }
-            Ok::<_, host::Error>(b)
-        })
-        .await
-        .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
-    })?;
-    let (cpu_awaited, wall_awaited) = (cpu_time() - cpu0, w0.elapsed());
-    let (cpu0, w0) = (cpu_time(), Instant::now());
-    for _ in 0..ops {
-        let job = stream.run(bundle, |c, (h, d)| c.copy_h2d(h.host(), d.view()));
-        let ev = stream.record()?;
-        ev.synchronize_direct()?;
-        (bundle, ()) = futures::executor::block_on(job)?;
+    let (rounds, per_round) = (20, samples.max(1000).div_ceil(20));
+    let mut bundle = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
+    let (mut awaited, mut synced, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut wall_a, mut wall_s) = (Vec::new(), Vec::new());
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / per_round as f64;
+    for _ in 0..rounds {
+        let s3 = stream.clone();
+        let (cpu0, w0) = (cpu_time(), Instant::now());
+        bundle = rt.block_on(async move {
+            tokio::spawn(async move {
+                let mut b = bundle;
+                for _ in 0..per_round {
+                    (b, ()) = s3.copy_h2d(b.0, b.1).await?;
+                }
+                Ok::<_, host::Error>(b)
+            })
+            .await
+            .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
+        })?;
+        let (a, wa) = (per(cpu_time() - cpu0), per(w0.elapsed()));
+        let (cpu0, w0) = (cpu_time(), Instant::now());
+        for _ in 0..per_round {
+            let job = stream.run(bundle, |c, (h, d)| c.copy_h2d(h.host(), d.view()));
+            let ev = stream.record()?;
+            ev.synchronize_direct()?;
+            (bundle, ()) = futures::executor::block_on(job)?;
+        }
+        let (s, ws) = (per(cpu_time() - cpu0), per(w0.elapsed()));
+        awaited.push(a);
+        synced.push(s);
+        extra.push(a - s);
+        wall_a.push(wa);
+        wall_s.push(ws);
     }
-    let (cpu_synced, wall_synced) = (cpu_time() - cpu0, w0.elapsed());
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / ops as f64;
 
     let m = |v: &[f64]| percentile(v, 0.5);
     Ok(ModeResult {
@@ -223,11 +247,14 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
         sync_median_us: m(&sync),
         sync_p99_us: percentile(&sync, 0.99),
         median_ratio: m(&wake) / m(&sync),
-        cpu_us_per_awaited_op: per(cpu_awaited),
-        cpu_us_per_synced_op: per(cpu_synced),
-        cpu_overhead_us: per(cpu_awaited) - per(cpu_synced),
-        wall_us_per_awaited_op: per(wall_awaited),
-        wall_us_per_synced_op: per(wall_synced),
+        cpu_us_per_awaited_op: m(&awaited),
+        cpu_us_per_synced_op: m(&synced),
+        cpu_overhead_us: m(&extra),
+        cpu_overhead_p10_us: percentile(&extra, 0.1),
+        cpu_overhead_p90_us: percentile(&extra, 0.9),
+        cpu_rounds: rounds,
+        wall_us_per_awaited_op: m(&wall_a),
+        wall_us_per_synced_op: m(&wall_s),
     })
 }
 
@@ -263,13 +290,15 @@ pub fn print(res: &Results) {
     let s = &res.summary;
     println!(
         "awaited (spin watcher, tokio): median {:.1}us, p99 {:.1}us = {:.2}x a blocking-sync event wait ({:.1}us), \
-         {:.2}x a spinning one ({:.1}us); CPU +{:.2}us per awaited op",
+         {:.2}x a spinning one ({:.1}us); CPU +{:.2}us per awaited op (rounds: {:.2} to {:.2})",
         s.wake_median_us,
         s.wake_p99_us,
         s.ratio_vs_blocking_sync,
         s.blocking_sync_median_us,
         s.ratio_vs_spinning_sync,
         s.spinning_sync_median_us,
-        s.cpu_overhead_us
+        s.cpu_overhead_us,
+        s.cpu_overhead_p10_us,
+        s.cpu_overhead_p90_us
     );
 }
