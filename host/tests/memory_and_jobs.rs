@@ -417,6 +417,16 @@ fn the_cpu_thread_is_free_while_a_large_copy_is_in_flight() {
         let stream = Stream::new(&device).unwrap();
         let src = PinnedBuffer::<f32>::from_slice(&device, &random(n, 1)).unwrap();
         let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        // The CPU emulation copies on another CPU thread, which a busy machine
+        // may finish before this thread first looks (seen in CI): there the
+        // stream is held on a gate first, opened after the first spins, so the
+        // copy is in flight for certain while this thread works.
+        let gate = (device.kind() == host::BackendKind::Cpu)
+            .then(|| std::sync::Arc::new(MappedFlag::new(&device).unwrap()));
+        let _watchdog = gate.as_ref().map(watchdog);
+        let held = gate
+            .as_ref()
+            .map(|g| stream.run(g.clone(), |c, g| c.gate(g)));
         let t0 = std::time::Instant::now();
         let job = stream.copy_h2d(src, dev);
         let enqueue = t0.elapsed();
@@ -425,9 +435,16 @@ fn the_cpu_thread_is_free_while_a_large_copy_is_in_flight() {
         while !job.is_done() {
             spins += 1;
             std::hint::black_box(spins);
+            if let (Some(g), 10_000) = (&gate, spins) {
+                assert!(!job.is_done(), "done before the gate opened");
+                g.set(1);
+            }
         }
         let total = t0.elapsed();
         block_on(job).unwrap();
+        if let Some(held) = held {
+            block_on(held).unwrap();
+        }
         // Enqueueing returned while the copy was still running, and the thread
         // then did work of its own until the copy finished.
         assert!(spins > 0, "the CPU did work while the copy was in flight");
