@@ -104,12 +104,14 @@ pub(crate) trait Backend: Send + Sync {
     /// The first unrecoverable error, if the context is broken.
     fn broken(&self) -> Option<crate::Error>;
 
+    /// Pinned host memory of `bytes > 0` bytes (the safe layer handles empty
+    /// buffers itself, here and in the three calls below).
     fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc>;
     /// # Safety
     /// `alloc` came from `alloc_host` of this backend and is no longer used.
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()>;
     /// # Safety
-    /// `ptr..ptr+bytes` is valid host memory that stays put until `unregister_host`.
+    /// `ptr..ptr+bytes` (`bytes > 0`) is valid host memory that stays put until `unregister_host`.
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
     /// # Safety
     /// `ptr` was registered with `register_host` and no operation uses it.

@@ -132,13 +132,6 @@ impl Backend for CpuBackend {
 
     fn alloc_host(&self, bytes: usize, _flags: HostFlags) -> Result<HostAlloc> {
         self.shared.usable()?;
-        if bytes == 0 {
-            return Ok(HostAlloc {
-                ptr: std::ptr::null_mut(),
-                bytes: 0,
-                locked: true,
-            });
-        }
         // SAFETY: anonymous private mapping; no address hint.
         let ptr = unsafe {
             libc::mmap(
@@ -168,9 +161,6 @@ impl Backend for CpuBackend {
     }
 
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
-        if alloc.bytes == 0 {
-            return Ok(());
-        }
         // SAFETY: our mapping, unused (caller). munlock is implied by munmap.
         if unsafe { libc::munmap(alloc.ptr.cast(), alloc.bytes) } != 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -180,17 +170,12 @@ impl Backend for CpuBackend {
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         self.shared.usable()?;
-        if bytes == 0 {
-            return Ok(());
-        }
         self.lock_range(ptr, bytes).map(|_| ())
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        if bytes > 0 {
-            // SAFETY: the range was registered (caller); munlock of an unlocked range is harmless.
-            unsafe { libc::munlock(ptr.cast(), bytes) };
-        }
+        // SAFETY: the range was registered (caller); munlock of an unlocked range is harmless.
+        unsafe { libc::munlock(ptr.cast(), bytes) };
         Ok(())
     }
 

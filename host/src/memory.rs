@@ -66,11 +66,21 @@ impl<T: Pod> PinnedBuffer<T> {
         // Pinned allocation: page-locks physical memory so the GPU's DMA engines
         // can reach it without a staging copy. Slow (tens to hundreds of ms per
         // GiB): allocate once, or take buffers from a `PinnedPool`.
-        let alloc = device.backend.alloc_host(bytes, flags)?;
-        if bytes > 0 {
+        let alloc = if bytes == 0 {
+            // Nothing to lock (backends only see non-empty ranges); refused on a
+            // broken context all the same, like any allocation.
+            usable(device)?;
+            HostAlloc {
+                ptr: std::ptr::null_mut(),
+                bytes: 0,
+                locked: true,
+            }
+        } else {
+            let alloc = device.backend.alloc_host(bytes, flags)?;
             // SAFETY: a fresh allocation of `bytes` writable bytes.
             unsafe { std::ptr::write_bytes(alloc.ptr, 0, bytes) };
-        }
+            alloc
+        };
         Ok(PinnedBuffer {
             alloc,
             len,
@@ -137,6 +147,9 @@ impl<T: Pod> PinnedBuffer<T> {
 
 impl<T: Pod> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
+        if self.alloc.bytes == 0 {
+            return;
+        }
         // SAFETY: our allocation; the safe API never lets the GPU hold it past
         // the owner (in-flight buffers are owned by their job until completion).
         if let Err(e) = unsafe { self.device.backend.free_host(&self.alloc) } {
@@ -167,13 +180,17 @@ impl<T: Pod> Registered<T> {
     /// Registers the vector's memory with the driver.
     pub fn new(device: &Device, mut data: Vec<T>) -> Result<Self> {
         let bytes = std::mem::size_of_val(data.as_slice());
-        // SAFETY: the range is valid and stays put: the guard owns the Vec and
-        // never grows it.
-        unsafe {
-            device
-                .backend
-                .register_host(data.as_mut_ptr().cast(), bytes)?
-        };
+        if bytes == 0 {
+            usable(device)?;
+        } else {
+            // SAFETY: the range is valid and stays put: the guard owns the Vec
+            // and never grows it.
+            unsafe {
+                device
+                    .backend
+                    .register_host(data.as_mut_ptr().cast(), bytes)?
+            };
+        }
         Ok(Registered {
             data: Some(data),
             device: device.clone(),
@@ -189,6 +206,9 @@ impl<T: Pod> Registered<T> {
     fn unregister(&mut self) {
         if let Some(v) = self.data.as_mut() {
             let bytes = std::mem::size_of_val(v.as_slice());
+            if bytes == 0 {
+                return; // never registered (see `new`)
+            }
             // SAFETY: registered in `new`; a job holding this guard drops it only
             // at completion, so no transfer uses the memory any more.
             if let Err(e) = unsafe {
@@ -557,6 +577,11 @@ impl<T: Pod> PinnedHost<T> for Registered<T> {
         let s = self.as_mut_slice();
         host_slice_mut(s.as_mut_ptr(), s.len(), id)
     }
+}
+
+/// Fails at once when the device's context is broken.
+fn usable(device: &Device) -> Result<()> {
+    device.broken().map_or(Ok(()), Err)
 }
 
 pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {

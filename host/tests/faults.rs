@@ -36,7 +36,14 @@ fn a_trap_reaches_every_awaiting_future_and_every_later_call() {
         }
         // Every later operation reports the broken context.
         assert!(device.broken().is_some());
-        let late = PinnedBuffer::<f32>::new(&device, 8);
+        for len in [8, 0] {
+            let late = PinnedBuffer::<f32>::new(&device, len);
+            assert!(
+                matches!(late, Err(host::Error::ContextBroken(_))),
+                "{late:?}"
+            );
+        }
+        let late = host::Registered::new(&device, Vec::<f32>::new());
         assert!(
             matches!(late, Err(host::Error::ContextBroken(_))),
             "{late:?}"

@@ -570,6 +570,18 @@ fn zero_length_work_and_mismatched_kernel_arguments() {
         .unwrap();
         assert_eq!((h.len(), d.len(), o.len()), (0, 0, 0));
         drop((h, o));
+        // Empty pinned and registered buffers: nothing to lock, usable as any other.
+        let (p, r) = (
+            PinnedBuffer::<f32>::new(&device, 0).unwrap(),
+            Registered::new(&device, Vec::<f32>::new()).unwrap(),
+        );
+        let d = DeviceBuffer::<f32>::new(&device, 0).unwrap();
+        let ((p, _d, r), ()) = block_on(stream.run((p, d, r), |c, (p, d, r)| {
+            c.copy_h2d(p.host(), d.view())?;
+            c.copy_d2h(d.view(), r.host_mut())
+        }))
+        .unwrap();
+        assert_eq!((p.len(), r.into_inner().len()), (0, 0));
         // A zero-length pipeline run: accepted, nothing to do.
         let pipe = host::Pipeline::new(&device, 3).unwrap();
         let (i, o) = (pool.alloc::<f32>(0).unwrap(), pool.alloc::<f32>(0).unwrap());
