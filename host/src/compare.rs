@@ -184,8 +184,8 @@ pub async fn compare(
     }
     let tried: Vec<(Plan, f64)> = plans
         .iter()
-        .zip(&times)
-        .map(|(&p, t)| (p, median(t.clone())))
+        .zip(times)
+        .map(|(&p, t)| (p, median(t)))
         .collect();
     let enqueue_ms: Vec<f64> = enqueue.into_iter().map(median).collect();
     let (best, (plan, async_ms)) = tried
@@ -209,11 +209,7 @@ pub async fn compare(
     };
     let bound_ms = bound_by_pieces.iter().map(|b| b.1).fold(f64::NAN, f64::min);
 
-    let stage_ms = [
-        median(stages[0].clone()),
-        median(stages[1].clone()),
-        median(stages[2].clone()),
-    ];
+    let stage_ms = stages.map(median);
     let sum: f64 = stage_ms.iter().sum();
     let longest = stage_ms.iter().copied().fold(0.0, f64::max);
     let sync_ms = median(sync);

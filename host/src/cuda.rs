@@ -288,13 +288,6 @@ impl Backend for CudaBackend {
 
     fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc> {
         self.shared.usable()?;
-        if bytes == 0 {
-            return Ok(HostAlloc {
-                ptr: std::ptr::null_mut(),
-                bytes: 0,
-                locked: true,
-            });
-        }
         self.shared.bind()?;
         let mut f = 0;
         if flags.portable {
@@ -324,9 +317,6 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
-        if alloc.bytes == 0 {
-            return Ok(());
-        }
         self.shared.bind()?;
         // SAFETY: the caller guarantees the allocation is ours and unused.
         let r = unsafe { sys::cuMemFreeHost(alloc.ptr.cast()) };
@@ -335,9 +325,6 @@ impl Backend for CudaBackend {
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         self.shared.usable()?;
-        if bytes == 0 {
-            return Ok(());
-        }
         self.shared.bind()?;
         // SAFETY: the caller guarantees the range is valid and stays put.
         let r = unsafe {
@@ -346,10 +333,7 @@ impl Backend for CudaBackend {
         self.shared.check("cuMemHostRegister", r)
     }
 
-    unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
+    unsafe fn unregister_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
         self.shared.bind()?;
         // SAFETY: registered by register_host, no operation pending (caller).
         let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
@@ -541,6 +525,18 @@ impl CudaStream {
             shared: self.shared.clone(),
         })
     }
+
+    /// An event (recycled or new) recorded at this point of the stream.
+    fn record_event(&self, timing: bool) -> Result<Arc<EventHandle>> {
+        self.shared.usable()?;
+        // Any thread may enqueue (tokio workers, watchers): make the context current.
+        self.shared.bind()?;
+        let event = Arc::new(self.new_event(timing)?);
+        // SAFETY: event and stream are alive.
+        let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
+        self.shared.check("cuEventRecord", r)?;
+        Ok(event)
+    }
 }
 
 impl RawStream for CudaStream {
@@ -652,13 +648,7 @@ impl RawStream for CudaStream {
     }
 
     fn record(&self, timing: bool) -> Result<RawEvent> {
-        self.shared.usable()?;
-        // Any thread may enqueue (tokio workers, watchers): make the context current.
-        self.shared.bind()?;
-        let event = Arc::new(self.new_event(timing)?);
-        // SAFETY: event and stream are alive.
-        let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
-        self.shared.check("cuEventRecord", r)?;
+        let event = self.record_event(timing)?;
         let completion = Completion::new();
         lock(&self.watcher)
             .as_ref()
@@ -674,15 +664,9 @@ impl RawStream for CudaStream {
     }
 
     fn marker(&self, timing: bool) -> Result<RawEvent> {
-        self.shared.usable()?;
-        self.shared.bind()?;
-        let event = Arc::new(self.new_event(timing)?);
-        // SAFETY: event and stream are alive.
-        let r = unsafe { sys::cuEventRecord(event.ev, self.stream.0) };
-        self.shared.check("cuEventRecord", r)?;
         Ok(RawEvent {
             completion: Completion::new(),
-            timer: Timer::Cuda(event),
+            timer: Timer::Cuda(self.record_event(timing)?),
         })
     }
 

@@ -324,7 +324,17 @@ impl Pipeline {
         };
         let free = &mut st.free;
         let (src_ptr, dst_ptr, src_id, dst_id) = (src.ptr, dst.ptr, src.device_id, dst.device_id);
-        let mut enqueued = 0;
+        // The host views of one chunk: input to copy in, output to copy into.
+        let host = |r: std::ops::Range<usize>| {
+            // SAFETY: every chunk range lies inside input and output (both n
+            // long, checked above), which the returned job owns.
+            unsafe {
+                (
+                    host_slice(src_ptr.add(r.start), r.len(), src_id),
+                    host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
+                )
+            }
+        };
         let mut events = timeline.then(Vec::new);
         let mut cmds: Vec<Commands<'_>> = self.streams[..streams]
             .iter()
@@ -343,28 +353,14 @@ impl Pipeline {
                     (&scratch, free),
                     kernel,
                     events.as_mut(),
-                    |r| {
-                        // SAFETY: r lies inside input and output (both n long).
-                        unsafe {
-                            (
-                                host_slice(src_ptr.add(r.start), r.len(), src_id),
-                                host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
-                            )
-                        }
-                    },
+                    host,
                 );
             }
             let mut chained: Option<Event> = None;
             for (i, r) in ranges.iter().cloned().enumerate() {
                 let s = i % streams;
                 let c = &mut cmds[s];
-                // SAFETY: r lies inside input and output (both n long).
-                let (hs, hd) = unsafe {
-                    (
-                        host_slice(src_ptr.add(r.start), r.len(), src_id),
-                        host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
-                    )
-                };
+                let (hs, hd) = host(r.clone());
                 let d = scratch[s].view().range(0..r.len())?;
                 if let Some(prev) = free[s].take() {
                     c.wait_event(&prev)?;
@@ -372,29 +368,18 @@ impl Pipeline {
                 if let Some(prev) = chained.take() {
                     c.wait_event(&prev)?;
                 }
-                let t0 = if timeline {
-                    Some(c.timed_marker(&self.device)?)
-                } else {
-                    None
-                };
+                let dev = &self.device;
+                let t0 = timeline.then(|| c.marker(dev, true)).transpose()?;
                 c.copy_h2d(hs, d)?;
                 if plan.chain {
-                    chained = Some(c.marker(&self.device)?);
+                    chained = Some(c.marker(dev, false)?);
                 }
-                let t1 = if timeline {
-                    Some(c.timed_marker(&self.device)?)
-                } else {
-                    None
-                };
+                let t1 = timeline.then(|| c.marker(dev, true)).transpose()?;
                 c.kernel(kernel, d)?;
-                let t2 = if timeline {
-                    Some(c.timed_marker(&self.device)?)
-                } else {
-                    None
-                };
+                let t2 = timeline.then(|| c.marker(dev, true)).transpose()?;
                 c.copy_d2h(d, hd)?;
                 if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
-                    let t3 = c.timed_marker(&self.device)?;
+                    let t3 = c.marker(dev, true)?;
                     ev.push(ChunkEvents {
                         chunk: i,
                         stream: s,
@@ -404,12 +389,12 @@ impl Pipeline {
             }
             // Each stream's buffer is free once the stream has passed this point.
             for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
-                free[s] = Some(c.marker(&self.device)?);
+                free[s] = Some(c.marker(&self.device, false)?);
             }
             Ok(())
         };
         let outcome = enqueue();
-        enqueued += cmds.iter().map(|c| c.enqueued()).sum::<usize>();
+        let enqueued: usize = cmds.iter().map(|c| c.enqueued()).sum();
         drop(cmds);
         let bundle = (input, output);
         // Join the streams on the GPU: stream 0 waits for a marker of every
@@ -494,29 +479,18 @@ fn enqueue_engines<'a>(
         if let Some(prev) = prev {
             cin.wait_event(&prev)?;
         }
-        let t0 = if timeline {
-            Some(cin.timed_marker(device)?)
-        } else {
-            None
-        };
+        let t0 = timeline.then(|| cin.marker(device, true)).transpose()?;
         cin.copy_h2d(hs, d)?;
-        let copied = if timeline {
-            cin.timed_marker(device)?
-        } else {
-            cin.marker(device)?
-        };
+        // Timed when drawing a timeline, so they serve as its points too.
+        let copied = cin.marker(device, timeline)?;
         ck.wait_event(&copied)?;
         ck.kernel(kernel, d)?;
-        let computed = if timeline {
-            ck.timed_marker(device)?
-        } else {
-            ck.marker(device)?
-        };
+        let computed = ck.marker(device, timeline)?;
         cout.wait_event(&computed)?;
         cout.copy_d2h(d, hd)?;
-        out_done.push_back(cout.marker(device)?);
+        out_done.push_back(cout.marker(device, false)?);
         if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
-            let t3 = cout.timed_marker(device)?;
+            let t3 = cout.marker(device, true)?;
             ev.push(ChunkEvents {
                 chunk: i,
                 stream: 0,

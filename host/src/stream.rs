@@ -386,19 +386,12 @@ impl<'a> Commands<'a> {
         self.raw.wait(&event.raw)
     }
 
-    /// Records a point that other streams' commands can wait for.
-    pub(crate) fn marker(&mut self, device: &Device) -> Result<Event> {
+    /// Records a point that other streams' commands can wait for; with
+    /// `timing`, it can also be measured (`elapsed_ms`). Never awaited, so no
+    /// completion source watches it and it disturbs nothing it measures.
+    pub(crate) fn marker(&mut self, device: &Device, timing: bool) -> Result<Event> {
         Ok(Event {
-            raw: self.raw.marker(false)?,
-            device: device.clone(),
-        })
-    }
-
-    /// A timed marker: for measuring only (`elapsed_ms`), never awaited, so
-    /// no completion source watches it and it disturbs nothing it measures.
-    pub(crate) fn timed_marker(&mut self, device: &Device) -> Result<Event> {
-        Ok(Event {
-            raw: self.raw.marker(true)?,
+            raw: self.raw.marker(timing)?,
             device: device.clone(),
         })
     }
