@@ -457,8 +457,9 @@ fn watch(shared: Arc<Shared>, rx: WatchRx) {
                 sys::cuEventSynchronize(event.ev)
             }),
         };
-        drop(event);
+        // Wake first: recycling the event is not on the waiter's path.
         completion.complete(result);
+        drop(event);
     }
 }
 

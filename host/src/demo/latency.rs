@@ -1,49 +1,90 @@
 //! `host latency`: how long from GPU completion to the awaiting task running,
-//! against the driver's own blocking event wait on the calling thread, and
-//! what an awaited operation costs the CPU.
+//! against the driver's own event wait on the calling thread, and what an
+//! awaited operation costs the CPU; for three executors.
 //!
 //! Method: a `gate_wait` kernel holds the stream while a point is recorded
 //! behind it; after the kernel has had time to start spinning, the host opens
-//! the gate at `t0`. Ours: a tokio task awaiting the event notes `t1` when it
-//! runs. Baseline: the thread calls `cuEventSynchronize` (`synchronize_direct`)
-//! and notes `t1` when it returns. Both include the same GPU part (the flag
-//! crossing PCIe, the kernel ending, the event firing), so their ratio is the
-//! price of the future. Each wait mode runs in its own device handle.
+//! the gate at `t0`. Awaited: a task awaiting the job notes `t1` when it runs,
+//! on a tokio multi-thread runtime (2 workers), a tokio current-thread runtime
+//! and `futures::executor::block_on`. Baseline: the thread calls
+//! `cuEventSynchronize` (`synchronize_direct`) and notes `t1` when it returns.
+//! All include the same GPU part (the flag crossing PCIe, the kernel ending,
+//! the event firing), so their ratio is the price of the future. Rounds
+//! alternate the baseline and the executors, so a drift of this shared
+//! machine hits all alike. Each wait mode runs in its own device handle.
 
 use super::report::{percentile, Meta};
-use host::{Device, DeviceBuffer, MappedFlag, PinnedHost, PinnedPool, Stream, WaitMode};
+use host::{
+    Device, DeviceBuffer, MappedFlag, PinnedHost, PinnedPool, PooledBuffer, Stream, WaitMode,
+};
 use serde::Serialize;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Where the awaiting task runs.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Executor {
+    /// `tokio::runtime::Builder::new_multi_thread()` with its default worker
+    /// count (one per core, as `#[tokio::main]`); the task is spawned.
+    TokioMultiThread,
+    /// The same with two workers.
+    TokioMultiThread2,
+    /// `tokio::runtime::Builder::new_current_thread()` (`flavor = "current_thread"`).
+    TokioCurrentThread,
+    /// `futures::executor::block_on` on a plain thread (thread park/unpark).
+    BlockOn,
+}
+
+const EXECUTORS: [Executor; 4] = [
+    Executor::TokioMultiThread,
+    Executor::TokioMultiThread2,
+    Executor::TokioCurrentThread,
+    Executor::BlockOn,
+];
+
+#[derive(Serialize, Clone)]
+pub struct ExecutorResult {
+    pub executor: Executor,
+    /// Microseconds from opening the gate to the awaiting task running.
+    pub wake_median_us: f64,
+    pub wake_p90_us: f64,
+    pub wake_p99_us: f64,
+    pub wake_max_us: f64,
+    /// Samples over 50 us.
+    pub wake_over_50us: usize,
+    /// wake_median over this mode's synchronize median.
+    pub ratio_vs_sync: f64,
+    /// Process CPU time per awaited 4-byte copy (median over rounds).
+    pub cpu_us_per_awaited_op: f64,
+    /// CPU per awaited op minus CPU per synchronized op of the same round:
+    /// what awaiting costs beyond the driver's wait (median, p10, p90 over rounds).
+    pub cpu_overhead_us: f64,
+    pub cpu_overhead_p10_us: f64,
+    pub cpu_overhead_p90_us: f64,
+    pub wall_us_per_awaited_op: f64,
+    /// Reference with no GPU: CPU and wall time per round trip of the same
+    /// two hand-offs through other code (the task sends a request over a std
+    /// channel to a plain thread, which answers on a `tokio::sync::oneshot`).
+    pub echo_cpu_us_per_op: f64,
+    pub echo_wall_us_per_op: f64,
+}
 
 #[derive(Serialize, Clone)]
 pub struct ModeResult {
     pub wait_mode: WaitMode,
+    /// Wake samples per executor and for the synchronize.
     pub samples: usize,
-    /// Microseconds from opening the gate to the awaiting tokio task running.
-    pub wake_median_us: f64,
-    pub wake_p99_us: f64,
-    /// The same, awaited with `futures::executor::block_on` on a plain thread
-    /// (thread park/unpark instead of a tokio worker).
-    pub block_on_median_us: f64,
-    pub block_on_p99_us: f64,
     /// Microseconds from opening the gate to `cuEventSynchronize` returning.
     pub sync_median_us: f64,
     pub sync_p99_us: f64,
-    /// wake_median / sync_median (target: at most 1.3).
-    pub median_ratio: f64,
-    /// Process CPU time per awaited 4-byte copy, and per synchronized one
-    /// (medians over `cpu_rounds` rounds that alternate the two).
-    pub cpu_us_per_awaited_op: f64,
+    /// Process CPU time per synchronized 4-byte copy (median over rounds).
     pub cpu_us_per_synced_op: f64,
-    /// The difference, median over rounds: what awaiting costs the CPU
-    /// beyond the driver's wait; and its spread over rounds.
-    pub cpu_overhead_us: f64,
-    pub cpu_overhead_p10_us: f64,
-    pub cpu_overhead_p90_us: f64,
-    pub cpu_rounds: usize,
-    pub wall_us_per_awaited_op: f64,
     pub wall_us_per_synced_op: f64,
+    pub cpu_rounds: usize,
+    pub executors: Vec<ExecutorResult>,
 }
 
 #[derive(Serialize)]
@@ -56,20 +97,24 @@ pub struct Results {
 /// The issue's figures, taken from the modes above (same run).
 #[derive(Serialize)]
 pub struct Summary {
-    /// The default (spin) watcher, tokio task: median and p99 wake latency.
-    pub wake_median_us: f64,
-    pub wake_p99_us: f64,
     /// `cuEventSynchronize` on an event made with `CU_EVENT_BLOCKING_SYNC`,
     /// CUDA's "blocking synchronization" (the caller sleeps, like an awaiting
-    /// task): the baseline of the target.
+    /// task).
     pub blocking_sync_median_us: f64,
     /// `cuEventSynchronize` on a default event, which spins on the caller's
     /// core (what no executor thread may do): the floor.
     pub spinning_sync_median_us: f64,
+    /// Per executor, with the default (spin) watcher.
+    pub awaited: Vec<SummaryRow>,
+}
+
+#[derive(Serialize)]
+pub struct SummaryRow {
+    pub executor: Executor,
+    pub wake_median_us: f64,
+    pub wake_p99_us: f64,
     pub ratio_vs_blocking_sync: f64,
     pub ratio_vs_spinning_sync: f64,
-    /// CPU per awaited operation beyond a synchronized one (spin watcher),
-    /// median over rounds, and the rounds' 10th and 90th percentiles.
     pub cpu_overhead_us: f64,
     pub cpu_overhead_p10_us: f64,
     pub cpu_overhead_p90_us: f64,
@@ -115,16 +160,24 @@ pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> 
             ))
         }
     };
+    let awaited = spin
+        .executors
+        .iter()
+        .map(|e| SummaryRow {
+            executor: e.executor,
+            wake_median_us: e.wake_median_us,
+            wake_p99_us: e.wake_p99_us,
+            ratio_vs_blocking_sync: e.wake_median_us / blocking.sync_median_us,
+            ratio_vs_spinning_sync: e.wake_median_us / spin.sync_median_us,
+            cpu_overhead_us: e.cpu_overhead_us,
+            cpu_overhead_p10_us: e.cpu_overhead_p10_us,
+            cpu_overhead_p90_us: e.cpu_overhead_p90_us,
+        })
+        .collect();
     let summary = Summary {
-        wake_median_us: spin.wake_median_us,
-        wake_p99_us: spin.wake_p99_us,
         blocking_sync_median_us: blocking.sync_median_us,
         spinning_sync_median_us: spin.sync_median_us,
-        ratio_vs_blocking_sync: spin.wake_median_us / blocking.sync_median_us,
-        ratio_vs_spinning_sync: spin.wake_median_us / spin.sync_median_us,
-        cpu_overhead_us: spin.cpu_overhead_us,
-        cpu_overhead_p10_us: spin.cpu_overhead_p10_us,
-        cpu_overhead_p90_us: spin.cpu_overhead_p90_us,
+        awaited,
     };
     Ok(Results {
         meta: meta.ok_or_else(|| host::Error::InvalidArgument("no mode ran".into()))?,
@@ -133,172 +186,300 @@ pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> 
     })
 }
 
-fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<ModeResult> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let stream = Stream::new(device)?;
-    let gate = Arc::new(MappedFlag::new(device)?);
-    let warm = 50;
-    // How long the kernel gets to start spinning before the gate opens.
-    let settle = Duration::from_micros(200);
+/// The two tokio runtimes (built once per mode) and `block_on`.
+struct Executors {
+    multi: tokio::runtime::Runtime,
+    multi2: tokio::runtime::Runtime,
+    current: tokio::runtime::Runtime,
+}
 
-    // Ours: a tokio task awaits the job behind the gate.
-    let (s2, g2) = (stream.clone(), gate.clone());
-    let wake: Vec<f64> = rt.block_on(async move {
-        tokio::spawn(async move {
-            let mut v = Vec::with_capacity(samples);
-            for i in 0..warm + samples {
-                g2.set(0);
-                let job = s2.run(g2.clone(), |c, g| c.gate(g));
-                spin(settle);
-                let t0 = Instant::now();
-                g2.set(1);
-                job.await?;
-                if i >= warm {
-                    v.push(t0.elapsed().as_secs_f64() * 1e6);
-                }
-            }
-            Ok::<_, host::Error>(v)
+impl Executors {
+    fn new() -> host::Result<Self> {
+        Ok(Executors {
+            multi: tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?,
+            multi2: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?,
+            current: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
         })
-        .await
-        .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
-    })?;
+    }
 
-    // The same with the simplest executor: block_on parks this thread.
-    let mut parked = Vec::with_capacity(samples);
-    for i in 0..warm + samples {
-        gate.set(0);
-        let job = stream.run(gate.clone(), |c, g| c.gate(g));
-        spin(settle);
-        let t0 = Instant::now();
-        gate.set(1);
-        futures::executor::block_on(job)?;
-        if i >= warm {
-            parked.push(t0.elapsed().as_secs_f64() * 1e6);
+    /// Runs `fut` to completion as a task of `ex`.
+    fn run<T: Send + 'static>(
+        &self,
+        ex: Executor,
+        fut: impl Future<Output = host::Result<T>> + Send + 'static,
+    ) -> host::Result<T> {
+        match ex {
+            Executor::TokioMultiThread => Self::spawned(&self.multi, fut),
+            Executor::TokioMultiThread2 => Self::spawned(&self.multi2, fut),
+            Executor::TokioCurrentThread => self.current.block_on(fut),
+            Executor::BlockOn => futures::executor::block_on(fut),
         }
     }
 
-    // Baseline: the driver's blocking wait on the calling thread.
-    let mut sync = Vec::with_capacity(samples);
-    for i in 0..warm + samples {
+    /// Spawned, so the task runs on a worker, not on this thread.
+    fn spawned<T: Send + 'static>(
+        rt: &tokio::runtime::Runtime,
+        fut: impl Future<Output = host::Result<T>> + Send + 'static,
+    ) -> host::Result<T> {
+        rt.block_on(async move {
+            tokio::spawn(fut)
+                .await
+                .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
+        })
+    }
+}
+
+/// How long the kernel gets to start spinning before the gate opens.
+const SETTLE: Duration = Duration::from_micros(200);
+
+/// `n` wake samples (after `warm` unrecorded ones) awaited by a task.
+async fn wake_awaited(
+    stream: Stream,
+    gate: Arc<MappedFlag>,
+    warm: usize,
+    n: usize,
+) -> host::Result<Vec<f64>> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..warm + n {
+        gate.set(0);
+        let job = stream.run(gate.clone(), |c, g| c.gate(g));
+        spin(SETTLE);
+        let t0 = Instant::now();
+        gate.set(1);
+        job.await?;
+        if i >= warm {
+            v.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(v)
+}
+
+/// `n` round trips to the echo thread (no GPU): the hand-offs alone.
+async fn echoes(tx: mpsc::Sender<oneshot::Sender<()>>, n: usize) -> host::Result<()> {
+    let gone = || host::Error::InvalidArgument("the echo thread stopped".into());
+    for _ in 0..n {
+        let (s, r) = oneshot::channel();
+        tx.send(s).map_err(|_| gone())?;
+        r.await.map_err(|_| gone())?;
+    }
+    Ok(())
+}
+
+/// The same with the driver's wait on this thread.
+fn wake_synced(
+    stream: &Stream,
+    gate: &Arc<MappedFlag>,
+    warm: usize,
+    n: usize,
+) -> host::Result<Vec<f64>> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..warm + n {
         gate.set(0);
         let job = stream.run(gate.clone(), |c, g| c.gate(g));
         let ev = stream.record()?;
-        spin(settle);
+        spin(SETTLE);
         let t0 = Instant::now();
         gate.set(1);
         ev.synchronize_direct()?;
         if i >= warm {
-            sync.push(t0.elapsed().as_secs_f64() * 1e6);
+            v.push(t0.elapsed().as_secs_f64() * 1e6);
         }
         futures::executor::block_on(job)?;
     }
+    Ok(v)
+}
 
-    // CPU cost per operation: a 4-byte copy, awaited vs synchronized. Both
-    // reuse the same two buffers, so they differ only in the wait; rounds
-    // alternate the two (a block of each per round), and the figures are
-    // medians over rounds, so a drift in the machine hits both alike.
-    let pool = PinnedPool::new(device);
-    let (rounds, per_round) = (20, samples.max(1000).div_ceil(20));
-    let mut bundle = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
-    let (mut awaited, mut synced, mut extra) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut wall_a, mut wall_s) = (Vec::new(), Vec::new());
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / per_round as f64;
+type Bundle = (PooledBuffer<f32>, DeviceBuffer<f32>);
+
+/// `n` awaited 4-byte copies, each reusing the same two buffers.
+async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
+    for _ in 0..n {
+        (b, ()) = stream.copy_h2d(b.0, b.1).await?;
+    }
+    Ok(b)
+}
+
+/// The same copies, each waited for with `cuEventSynchronize`.
+fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
+    for _ in 0..n {
+        let job = stream.run(b, |c, (h, d)| c.copy_h2d(h.host(), d.view()));
+        stream.record()?.synchronize_direct()?;
+        (b, ()) = futures::executor::block_on(job)?;
+    }
+    Ok(b)
+}
+
+fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<ModeResult> {
+    let ex = Executors::new()?;
+    let stream = Stream::new(device)?;
+    let gate = Arc::new(MappedFlag::new(device)?);
+    let rounds = 10;
+    let per_round = samples.div_ceil(rounds);
+    let warm = 5;
+
+    // Wake latency: each round takes a block of samples from the synchronize
+    // and from each executor, in turn.
+    let mut sync = Vec::new();
+    let mut wake: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
     for _ in 0..rounds {
-        let s3 = stream.clone();
-        let (cpu0, w0) = (cpu_time(), Instant::now());
-        bundle = rt.block_on(async move {
-            tokio::spawn(async move {
-                let mut b = bundle;
-                for _ in 0..per_round {
-                    (b, ()) = s3.copy_h2d(b.0, b.1).await?;
-                }
-                Ok::<_, host::Error>(b)
-            })
-            .await
-            .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
-        })?;
-        let (a, wa) = (per(cpu_time() - cpu0), per(w0.elapsed()));
-        let (cpu0, w0) = (cpu_time(), Instant::now());
-        for _ in 0..per_round {
-            let job = stream.run(bundle, |c, (h, d)| c.copy_h2d(h.host(), d.view()));
-            let ev = stream.record()?;
-            ev.synchronize_direct()?;
-            (bundle, ()) = futures::executor::block_on(job)?;
+        sync.extend(wake_synced(&stream, &gate, warm, per_round)?);
+        for (k, &e) in EXECUTORS.iter().enumerate() {
+            let v = ex.run(
+                e,
+                wake_awaited(stream.clone(), gate.clone(), warm, per_round),
+            )?;
+            wake[k].extend(v);
         }
-        let (s, ws) = (per(cpu_time() - cpu0), per(w0.elapsed()));
-        awaited.push(a);
-        synced.push(s);
-        extra.push(a - s);
-        wall_a.push(wa);
-        wall_s.push(ws);
     }
 
+    // CPU cost per operation: a 4-byte copy, awaited vs synchronized, with
+    // the same two buffers, so they differ only in the wait. Each round runs
+    // a block of each; figures are medians over rounds.
+    let pool = PinnedPool::new(device);
+    let (cpu_rounds, per_block) = (20, samples.max(1000).div_ceil(20));
+    let mut bundle = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
+    let (mut synced, mut wall_s) = (Vec::new(), Vec::new());
+    let mut awaited: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut wall_a: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut extra: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut echo_cpu: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut echo_wall: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let (echo_tx, echo_rx) = mpsc::channel::<oneshot::Sender<()>>();
+    let echo = std::thread::spawn(move || {
+        while let Ok(s) = echo_rx.recv() {
+            let _ = s.send(());
+        }
+    });
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / per_block as f64;
+    for _ in 0..cpu_rounds {
+        let (cpu0, w0) = (cpu_time(), Instant::now());
+        bundle = copies_synced(&stream, bundle, per_block)?;
+        let s = per(cpu_time() - cpu0);
+        synced.push(s);
+        wall_s.push(per(w0.elapsed()));
+        for (k, &e) in EXECUTORS.iter().enumerate() {
+            let (cpu0, w0) = (cpu_time(), Instant::now());
+            bundle = ex.run(e, copies_awaited(stream.clone(), bundle, per_block))?;
+            let a = per(cpu_time() - cpu0);
+            awaited[k].push(a);
+            wall_a[k].push(per(w0.elapsed()));
+            extra[k].push(a - s);
+            let (cpu0, w0) = (cpu_time(), Instant::now());
+            ex.run(e, echoes(echo_tx.clone(), per_block))?;
+            echo_cpu[k].push(per(cpu_time() - cpu0));
+            echo_wall[k].push(per(w0.elapsed()));
+        }
+    }
+    drop(echo_tx);
+    let _ = echo.join();
+
     let m = |v: &[f64]| percentile(v, 0.5);
+    let sync_median = m(&sync);
+    let executors = EXECUTORS
+        .iter()
+        .enumerate()
+        .map(|(k, &e)| ExecutorResult {
+            executor: e,
+            wake_median_us: m(&wake[k]),
+            wake_p90_us: percentile(&wake[k], 0.9),
+            wake_p99_us: percentile(&wake[k], 0.99),
+            wake_max_us: wake[k].iter().copied().fold(0.0, f64::max),
+            wake_over_50us: wake[k].iter().filter(|&&w| w > 50.0).count(),
+            ratio_vs_sync: m(&wake[k]) / sync_median,
+            cpu_us_per_awaited_op: m(&awaited[k]),
+            cpu_overhead_us: m(&extra[k]),
+            cpu_overhead_p10_us: percentile(&extra[k], 0.1),
+            cpu_overhead_p90_us: percentile(&extra[k], 0.9),
+            wall_us_per_awaited_op: m(&wall_a[k]),
+            echo_cpu_us_per_op: m(&echo_cpu[k]),
+            echo_wall_us_per_op: m(&echo_wall[k]),
+        })
+        .collect();
     Ok(ModeResult {
         wait_mode: mode,
-        samples,
-        wake_median_us: m(&wake),
-        wake_p99_us: percentile(&wake, 0.99),
-        block_on_median_us: m(&parked),
-        block_on_p99_us: percentile(&parked, 0.99),
-        sync_median_us: m(&sync),
+        samples: sync.len(),
+        sync_median_us: sync_median,
         sync_p99_us: percentile(&sync, 0.99),
-        median_ratio: m(&wake) / m(&sync),
-        cpu_us_per_awaited_op: m(&awaited),
         cpu_us_per_synced_op: m(&synced),
-        cpu_overhead_us: m(&extra),
-        cpu_overhead_p10_us: percentile(&extra, 0.1),
-        cpu_overhead_p90_us: percentile(&extra, 0.9),
-        cpu_rounds: rounds,
-        wall_us_per_awaited_op: m(&wall_a),
         wall_us_per_synced_op: m(&wall_s),
+        cpu_rounds,
+        executors,
     })
 }
 
 pub fn print(res: &Results) {
-    println!("\nwake latency (gate opened -> awaiting task runs; tokio task, and block_on) vs cuEventSynchronize on the calling thread:");
+    println!("\nwake latency (gate opened -> awaiting task runs) and CPU per awaited op, against cuEventSynchronize on the calling thread;");
     println!(
-        "{:>9} {:>8} {:>12} {:>10} {:>12} {:>10} {:>7} {:>12} {:>12} {:>10}",
-        "mode",
-        "samples",
-        "await med",
-        "await p99",
-        "sync med",
-        "sync p99",
+        "echo: the same two thread hand-offs with no GPU (std channel out, tokio oneshot back):"
+    );
+    println!(
+        "{:>9} {:>22} {:>9} {:>9} {:>9} {:>6} {:>7} {:>9} {:>9} {:>17} {:>9} {:>9}",
+        "watcher",
+        "waiter",
+        "median",
+        "p99",
+        "max",
+        ">50us",
         "ratio",
-        "CPU/await",
-        "CPU/sync",
-        "overhead"
+        "CPU/op",
+        "overhead",
+        "(p10..p90)",
+        "echo CPU",
+        "echo wall"
     );
     for m in &res.modes {
         println!(
-            "{:>9} block_on: median {:.1}us, p99 {:.1}us ({:.2}x the synchronize median)",
+            "{:>9} {:>22} {:>7.1}us {:>7.1}us {:>9} {:>6} {:>7} {:>7.2}us",
             format!("{:?}", m.wait_mode),
-            m.block_on_median_us,
-            m.block_on_p99_us,
-            m.block_on_median_us / m.sync_median_us
+            "cuEventSynchronize",
+            m.sync_median_us,
+            m.sync_p99_us,
+            "",
+            "",
+            "1.00x",
+            m.cpu_us_per_synced_op,
         );
-        println!(
-            "{:>9} {:>8} {:>10.1}us {:>8.1}us {:>10.1}us {:>8.1}us {:>6.2}x {:>10.2}us {:>10.2}us {:>8.2}us",
-            format!("{:?}", m.wait_mode), m.samples, m.wake_median_us, m.wake_p99_us, m.sync_median_us, m.sync_p99_us,
-            m.median_ratio, m.cpu_us_per_awaited_op, m.cpu_us_per_synced_op, m.cpu_overhead_us
-        );
+        for e in &m.executors {
+            println!(
+                "{:>9} {:>22} {:>7.1}us {:>7.1}us {:>7.0}us {:>6} {:>6.2}x {:>7.2}us {:>7.2}us {:>7.2}..{:>6.2}us {:>7.2}us {:>7.2}us",
+                format!("{:?}", m.wait_mode),
+                format!("{:?}", e.executor),
+                e.wake_median_us,
+                e.wake_p99_us,
+                e.wake_max_us,
+                e.wake_over_50us,
+                e.ratio_vs_sync,
+                e.cpu_us_per_awaited_op,
+                e.cpu_overhead_us,
+                e.cpu_overhead_p10_us,
+                e.cpu_overhead_p90_us,
+                e.echo_cpu_us_per_op,
+                e.echo_wall_us_per_op
+            );
+        }
     }
     let s = &res.summary;
-    println!(
-        "awaited (spin watcher, tokio): median {:.1}us, p99 {:.1}us = {:.2}x a blocking-sync event wait ({:.1}us), \
-         {:.2}x a spinning one ({:.1}us); CPU +{:.2}us per awaited op (rounds: {:.2} to {:.2})",
-        s.wake_median_us,
-        s.wake_p99_us,
-        s.ratio_vs_blocking_sync,
-        s.blocking_sync_median_us,
-        s.ratio_vs_spinning_sync,
-        s.spinning_sync_median_us,
-        s.cpu_overhead_us,
-        s.cpu_overhead_p10_us,
-        s.cpu_overhead_p90_us
-    );
+    for r in &s.awaited {
+        println!(
+            "awaited ({:?}, spin watcher): median {:.1}us, p99 {:.1}us = {:.2}x a blocking-sync event wait ({:.1}us), \
+             {:.2}x a spinning one ({:.1}us); CPU {:+.2}us per awaited op (rounds: {:.2} to {:.2})",
+            r.executor,
+            r.wake_median_us,
+            r.wake_p99_us,
+            r.ratio_vs_blocking_sync,
+            s.blocking_sync_median_us,
+            r.ratio_vs_spinning_sync,
+            s.spinning_sync_median_us,
+            r.cpu_overhead_us,
+            r.cpu_overhead_p10_us,
+            r.cpu_overhead_p90_us
+        );
+    }
 }
