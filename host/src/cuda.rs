@@ -11,6 +11,13 @@
 //! [`WaitMode`] picks how the watcher waits: spinning (lowest latency, one
 //! busy core while work is pending) or blocking-sync events (the thread
 //! sleeps until the GPU interrupts). The wake-latency benchmark measures both.
+//!
+//! Watchers never free memory: a deferred release (a dropped job's buffers)
+//! runs on the watcher, but `cuMemFree`/`cuMemFreeHost` may wait for the
+//! whole device, which would hold the stream's later completions behind
+//! unrelated work, or deadlock when that work waits for one of them. Such
+//! frees are parked and done by the next allocation, free, new stream or
+//! synchronize on another thread, or when the device goes.
 
 use crate::backend::{Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer};
 use crate::completion::{lock, Completion};
@@ -19,6 +26,7 @@ use crate::kernel::KernelCall;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::CudaContext;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -78,6 +86,27 @@ pub(crate) struct Shared {
     /// event per recorded point cost a driver call each way on every awaited
     /// operation; a recycled one costs a lock.
     free_events: [Mutex<Vec<RawCuEvent>>; 2],
+    /// Frees asked for on a watcher thread, done later on another thread:
+    /// `cuMemFree`/`cuMemFreeHost` may wait for the whole device, and a
+    /// watcher blocked there would hold back its stream's completions behind
+    /// unrelated work (a deadlock when that work waits for one of them).
+    parked: Mutex<Vec<ParkedFree>>,
+    /// `parked` is non-empty (lets every allocation skip the lock).
+    has_parked: AtomicBool,
+}
+
+/// Memory the GPU is done with, to be freed off the watcher threads.
+enum ParkedFree {
+    Device(u64),
+    Host(*mut u8),
+}
+// SAFETY: a device address or a pinned host allocation owned by nobody else
+// (its owner was dropped); freeing it from another thread is allowed.
+unsafe impl Send for ParkedFree {}
+
+thread_local! {
+    /// Set on watcher threads (see `Shared::parked`).
+    static ON_WATCHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Events kept for reuse per kind; more are destroyed.
@@ -92,6 +121,9 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // Every EventHandle holds an Arc<Shared>, so no pooled event is in use.
         let _ = self.bind();
+        // Every stream holds an Arc<Shared> too: no work is left to wait for,
+        // so even a watcher thread may free here.
+        self.free_parked_now();
         for list in &self.free_events {
             for e in lock(list).drain(..) {
                 // SAFETY: the event is ours and unused (see above).
@@ -125,6 +157,48 @@ impl Shared {
         match self.broken.get() {
             Some(e) => Err(e.clone()),
             None => Ok(()),
+        }
+    }
+
+    /// Parks a free when called on a watcher thread; returns whether it did.
+    fn park_on_watcher(&self, free: ParkedFree) -> bool {
+        if !ON_WATCHER.with(|w| w.get()) {
+            return false;
+        }
+        lock(&self.parked).push(free);
+        self.has_parked.store(true, Ordering::Release);
+        true
+    }
+
+    /// Frees what watchers parked (called off the watchers: allocations,
+    /// frees, new streams, synchronize, and at the end).
+    fn free_parked(&self) {
+        if self.has_parked.load(Ordering::Acquire) && !ON_WATCHER.with(|w| w.get()) {
+            self.free_parked_now();
+        }
+    }
+
+    fn free_parked_now(&self) {
+        let parked = {
+            let mut p = lock(&self.parked);
+            self.has_parked.store(false, Ordering::Release);
+            std::mem::take(&mut *p)
+        };
+        if self.bind().is_err() {
+            return; // nothing can be freed without the context; the driver reclaims it
+        }
+        for free in parked {
+            // SAFETY: parked by free_device / free_host, whose callers
+            // guaranteed the memory is ours and unused; nothing else holds it.
+            let (call, r) = unsafe {
+                match free {
+                    ParkedFree::Device(d) => ("cuMemFree", sys::cuMemFree_v2(d)),
+                    ParkedFree::Host(h) => ("cuMemFreeHost", sys::cuMemFreeHost(h.cast())),
+                }
+            };
+            if let Err(e) = self.check(call, r) {
+                eprintln!("warning: a deferred free failed: {e}");
+            }
         }
     }
 
@@ -271,6 +345,8 @@ impl CudaBackend {
                 sm_count,
                 wait_mode,
                 free_events: Default::default(),
+                parked: Mutex::new(Vec::new()),
+                has_parked: AtomicBool::new(false),
             }),
             info,
         })
@@ -288,6 +364,7 @@ impl Backend for CudaBackend {
 
     fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc> {
         self.shared.usable()?;
+        self.shared.free_parked();
         self.shared.bind()?;
         let mut f = 0;
         if flags.portable {
@@ -317,6 +394,10 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
+        if self.shared.park_on_watcher(ParkedFree::Host(alloc.ptr)) {
+            return Ok(());
+        }
+        self.shared.free_parked();
         self.shared.bind()?;
         // SAFETY: the caller guarantees the allocation is ours and unused.
         let r = unsafe { sys::cuMemFreeHost(alloc.ptr.cast()) };
@@ -351,6 +432,7 @@ impl Backend for CudaBackend {
 
     fn alloc_device(&self, bytes: usize) -> Result<u64> {
         self.shared.usable()?;
+        self.shared.free_parked();
         if bytes == 0 {
             return Ok(0);
         }
@@ -363,9 +445,10 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_device(&self, ptr: u64) -> Result<()> {
-        if ptr == 0 {
+        if ptr == 0 || self.shared.park_on_watcher(ParkedFree::Device(ptr)) {
             return Ok(());
         }
+        self.shared.free_parked();
         self.shared.bind()?;
         // SAFETY: allocated by alloc_device, unused (caller).
         let r = unsafe { sys::cuMemFree_v2(ptr) };
@@ -396,6 +479,7 @@ impl Backend for CudaBackend {
 
     fn new_stream(&self) -> Result<Box<dyn RawStream>> {
         self.shared.usable()?;
+        self.shared.free_parked();
         self.shared.bind()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local. Non-blocking: no implicit sync with stream 0.
@@ -436,6 +520,7 @@ impl Backend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         self.shared.usable()?;
         self.shared.bind()?;
+        self.shared.free_parked();
         // SAFETY: the context is current on this thread.
         let r = unsafe { sys::cuCtxSynchronize() };
         self.shared.check("cuCtxSynchronize", r)
@@ -448,6 +533,7 @@ type WatchRx = mpsc::Receiver<(Arc<EventHandle>, Completion)>;
 
 /// The watcher: completes each recorded point of one stream, in order.
 fn watch(shared: Arc<Shared>, rx: WatchRx) {
+    ON_WATCHER.with(|w| w.set(true));
     let bound = shared.bind();
     while let Ok((event, completion)) = rx.recv() {
         let result = match (bound.clone(), shared.usable()) {

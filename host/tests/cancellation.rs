@@ -221,3 +221,39 @@ fn pipeline_runs_started_from_many_tasks_at_once_all_verify() {
         wait_for_baseline(&pool);
     }
 }
+
+#[test]
+fn a_cancelled_job_does_not_hold_its_streams_later_completions_behind_other_work() {
+    let _serial = serial();
+    for device in backends("cancelled_job_frees_off_the_completion_path") {
+        let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+        let gate = std::sync::Arc::new(host::MappedFlag::new(&device).unwrap());
+        let _watchdog = watchdog(&gate);
+        // Stream b is held on the GPU until this thread opens the gate.
+        let held = b.run(gate.clone(), |c, g| c.gate(g));
+        // A job on stream a, dropped unfinished: its device buffer is released
+        // when a's work completes, by a's completion source.
+        let buf = DeviceBuffer::<f32>::new(&device, 1 << 20).unwrap();
+        drop(a.launch(Kernel::Scale { s: 2.0 }, buf));
+        // A later point on stream a must be delivered while b is still held.
+        // Freeing device memory on a's completion thread (cuMemFree may wait
+        // for the whole device) would block it until the gate opens, which
+        // only this thread does, after this wait.
+        let t = Instant::now();
+        let later = block_on(a.record().unwrap().wait());
+        let waited = t.elapsed();
+        gate.set(1);
+        block_on(held).unwrap();
+        later.unwrap();
+        assert!(
+            waited < Duration::from_secs(5),
+            "{:?}: stream a's completion waited {waited:?} for work on stream b",
+            device.kind()
+        );
+        assert_eq!(device.live_device_buffers(), 0, "the buffer was released");
+        // Memory parked by the completion thread is freed by later calls
+        // (and at the end; the GPU run's leak check covers that).
+        let again = DeviceBuffer::<f32>::new(&device, 1 << 20).unwrap();
+        drop(again);
+    }
+}
