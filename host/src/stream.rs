@@ -198,6 +198,48 @@ impl Stream {
         Job { state }
     }
 
+    /// The synchronous twin of [`Stream::run`]: enqueues the commands `f`
+    /// issues against `bundle`, then blocks the calling thread in the
+    /// driver's own wait (`cuEventSynchronize` on CUDA; no completion thread
+    /// involved) until the GPU is done, and hands the bundle back. For
+    /// synchronous code only: never call it on an executor thread.
+    ///
+    /// If `f` fails, the error is returned once what it did enqueue has
+    /// finished. If the wait itself fails, the bundle is released only when
+    /// that is safe (nothing enqueued, or the context broken for good), and
+    /// leaked otherwise, as for [`Stream::run`].
+    pub fn run_sync<B, R, F>(&self, mut bundle: B, f: F) -> Result<(B, R)>
+    where
+        F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
+    {
+        let mut cmds = Commands {
+            raw: &*self.raw,
+            device_id: self.device.id(),
+            enqueued: 0,
+            _p: PhantomData,
+        };
+        let outcome = f(&mut cmds, &mut bundle);
+        if cmds.enqueued == 0 {
+            return outcome.map(|v| (bundle, v));
+        }
+        let waited = self.raw.marker(false).and_then(|raw| {
+            Event {
+                raw,
+                device: self.device.clone(),
+            }
+            .synchronize_direct()
+        });
+        match waited {
+            Ok(()) => outcome.map(|v| (bundle, v)),
+            Err(e) => {
+                if self.device.broken().is_none() {
+                    std::mem::forget(bundle); // the GPU may still use it
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Copies pinned host memory to the device; hands both back when done.
     pub fn copy_h2d<H, T>(
         &self,

@@ -184,6 +184,54 @@ fn pageable_memory_has_a_synchronous_path() {
 }
 
 #[test]
+fn run_sync_hands_the_bundle_back_after_the_gpu_is_done() {
+    let _serial = serial();
+    for device in backends("run_sync") {
+        let stream = Stream::new(&device).unwrap();
+        let pool = PinnedPool::new(&device);
+        let data = random(100_003, 12);
+        let mut input = pool.alloc::<f32>(data.len()).unwrap();
+        input.as_mut_slice().copy_from_slice(&data);
+        let output = pool.alloc::<f32>(data.len()).unwrap();
+        let dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
+        let kernel = Kernel::Scale { s: -1.5 };
+        let ((input, output, dev), n) = stream
+            .run_sync((input, output, dev), |c, (i, o, d)| {
+                c.copy_h2d(i.host(), d.view())?;
+                c.kernel(kernel, d.view())?;
+                c.copy_d2h(d.view(), o.host_mut())?;
+                Ok(d.len())
+            })
+            .unwrap();
+        assert_eq!(n, data.len());
+        assert_eq!(input.as_slice(), &data[..], "the input is untouched");
+        for (k, (&x, &y)) in data.iter().zip(output.as_slice()).enumerate() {
+            assert_eq!(y.to_bits(), kernel.reference(x).to_bits(), "element {k}");
+        }
+        // A command that fails after one was enqueued: the typed error comes
+        // back once that one has finished, and the stream is usable after.
+        let short = DeviceBuffer::<f32>::new(&device, 3).unwrap();
+        let r = stream.run_sync((input, dev, short), |c, (i, d, s)| {
+            c.copy_h2d(i.host(), d.view())?;
+            c.copy_h2d(i.host(), s.view())
+        });
+        assert!(
+            matches!(r, Err(host::Error::LengthMismatch { .. })),
+            "{:?}",
+            r.err()
+        );
+        let dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
+        let mut fresh = pool.alloc::<f32>(data.len()).unwrap();
+        fresh.as_mut_slice().copy_from_slice(&data);
+        let ((_, dev), ()) = stream
+            .run_sync((fresh, dev), |c, (h, d)| c.copy_h2d(h.host(), d.view()))
+            .unwrap();
+        let ((_, output), ()) = block_on(stream.copy_d2h(dev, output)).unwrap();
+        assert_eq!(output.as_slice(), &data[..]);
+    }
+}
+
+#[test]
 fn bad_lengths_and_ranges_get_typed_errors() {
     let _serial = serial();
     for device in backends("bad_lengths") {
