@@ -73,6 +73,9 @@ pub struct ExecutorResult {
     /// channel to a plain thread, which answers on a `tokio::sync::oneshot`).
     pub echo_cpu_us_per_op: f64,
     pub echo_wall_us_per_op: f64,
+    /// cpu_overhead minus the echo's CPU, per round (median): what awaiting
+    /// costs beyond two plain hand-offs under the same executor.
+    pub cpu_overhead_beyond_echo_us: f64,
 }
 
 #[derive(Serialize, Clone)]
@@ -121,6 +124,10 @@ pub struct SummaryRow {
     pub cpu_overhead_us: f64,
     pub cpu_overhead_p10_us: f64,
     pub cpu_overhead_p90_us: f64,
+    /// The echo's CPU per round trip (two hand-offs, no GPU) and the
+    /// overhead beyond it.
+    pub echo_cpu_us: f64,
+    pub cpu_overhead_beyond_echo_us: f64,
 }
 
 /// CPU time of the whole process (every thread), to the nanosecond.
@@ -135,6 +142,23 @@ fn cpu_time() -> Duration {
         t.tv_sec.max(0) as u64,
         t.tv_nsec.clamp(0, 999_999_999) as u32,
     )
+}
+
+/// Runs `f`; returns its value, the process CPU time and the wall time it
+/// took. Pauses before and after: Linux brings a running thread's CPU time
+/// up to date only at a tick or a context switch, so a helper thread still
+/// running when the clock is read (a spinning watcher, a worker) would have
+/// part of its time charged to the next block (seen on the H200 machine:
+/// time moved from awaited blocks into the next ones). After the pause
+/// every helper thread is asleep and its time is exact.
+fn measured<T>(f: impl FnOnce() -> host::Result<T>) -> host::Result<(T, Duration, Duration)> {
+    let pause = Duration::from_millis(2);
+    std::thread::sleep(pause);
+    let (cpu0, w0) = (cpu_time(), Instant::now());
+    let v = f()?;
+    let wall = w0.elapsed();
+    std::thread::sleep(pause);
+    Ok((v, cpu_time() - cpu0, wall))
 }
 
 fn spin(d: Duration) {
@@ -175,6 +199,8 @@ pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> 
             cpu_overhead_us: e.cpu_overhead_us,
             cpu_overhead_p10_us: e.cpu_overhead_p10_us,
             cpu_overhead_p90_us: e.cpu_overhead_p90_us,
+            echo_cpu_us: e.echo_cpu_us_per_op,
+            cpu_overhead_beyond_echo_us: e.cpu_overhead_beyond_echo_us,
         })
         .collect();
     let summary = Summary {
@@ -353,6 +379,7 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     let mut extra: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
     let mut echo_cpu: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
     let mut echo_wall: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut beyond: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
     let (echo_tx, echo_rx) = mpsc::channel::<oneshot::Sender<()>>();
     let echo = std::thread::spawn(move || {
         while let Ok(s) = echo_rx.recv() {
@@ -361,22 +388,24 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     });
     let per = |d: Duration| d.as_secs_f64() * 1e6 / per_block as f64;
     for _ in 0..cpu_rounds {
-        let (cpu0, w0) = (cpu_time(), Instant::now());
-        bundle = copies_synced(&stream, bundle, per_block)?;
-        let s = per(cpu_time() - cpu0);
+        let (b, cpu, wall) = measured(|| copies_synced(&stream, bundle, per_block))?;
+        bundle = b;
+        let s = per(cpu);
         synced.push(s);
-        wall_s.push(per(w0.elapsed()));
+        wall_s.push(per(wall));
         for (k, &e) in EXECUTORS.iter().enumerate() {
-            let (cpu0, w0) = (cpu_time(), Instant::now());
-            bundle = ex.run(e, copies_awaited(stream.clone(), bundle, per_block))?;
-            let a = per(cpu_time() - cpu0);
+            let (b, cpu, wall) =
+                measured(|| ex.run(e, copies_awaited(stream.clone(), bundle, per_block)))?;
+            bundle = b;
+            let a = per(cpu);
             awaited[k].push(a);
-            wall_a[k].push(per(w0.elapsed()));
+            wall_a[k].push(per(wall));
             extra[k].push(a - s);
-            let (cpu0, w0) = (cpu_time(), Instant::now());
-            ex.run(e, echoes(echo_tx.clone(), per_block))?;
-            echo_cpu[k].push(per(cpu_time() - cpu0));
-            echo_wall[k].push(per(w0.elapsed()));
+            let ((), cpu, wall) = measured(|| ex.run(e, echoes(echo_tx.clone(), per_block)))?;
+            let echo_us = per(cpu);
+            echo_cpu[k].push(echo_us);
+            beyond[k].push(a - s - echo_us);
+            echo_wall[k].push(per(wall));
         }
     }
     drop(echo_tx);
@@ -402,6 +431,7 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
             wall_us_per_awaited_op: m(&wall_a[k]),
             echo_cpu_us_per_op: m(&echo_cpu[k]),
             echo_wall_us_per_op: m(&echo_wall[k]),
+            cpu_overhead_beyond_echo_us: m(&beyond[k]),
         })
         .collect();
     Ok(ModeResult {
@@ -471,7 +501,8 @@ pub fn print(res: &Results) {
     for r in &s.awaited {
         println!(
             "awaited ({:?}, spin watcher): median {:.1}us, p99 {:.1}us = {:.2}x a blocking-sync event wait ({:.1}us), \
-             {:.2}x a spinning one ({:.1}us); CPU {:+.2}us per awaited op (rounds: {:.2} to {:.2})",
+             {:.2}x a spinning one ({:.1}us); CPU {:+.2}us per awaited op (rounds: {:.2} to {:.2}); \
+             two plain hand-offs cost {:.2}us, awaiting {:+.2}us beyond them",
             r.executor,
             r.wake_median_us,
             r.wake_p99_us,
@@ -481,7 +512,9 @@ pub fn print(res: &Results) {
             s.spinning_sync_median_us,
             r.cpu_overhead_us,
             r.cpu_overhead_p10_us,
-            r.cpu_overhead_p90_us
+            r.cpu_overhead_p90_us,
+            r.echo_cpu_us,
+            r.cpu_overhead_beyond_echo_us
         );
     }
 }
