@@ -154,6 +154,16 @@ impl Stream {
         self.record()?.synchronize()
     }
 
+    /// An empty batch of commands on this stream.
+    fn commands(&self) -> Commands<'_> {
+        Commands {
+            raw: &*self.raw,
+            device_id: self.device.id(),
+            enqueued: 0,
+            _p: PhantomData,
+        }
+    }
+
     /// Enqueues the commands `f` issues against `bundle` and returns a job that
     /// hands the bundle (and `f`'s value) back once the GPU is done with it.
     ///
@@ -166,12 +176,7 @@ impl Stream {
         B: Send + 'static,
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
-        let mut cmds = Commands {
-            raw: &*self.raw,
-            device_id: self.device.id(),
-            enqueued: 0,
-            _p: PhantomData,
-        };
+        let mut cmds = self.commands();
         let outcome = f(&mut cmds, &mut bundle);
         let enqueued = cmds.enqueued;
         let state = match (outcome, self.raw.record(false)) {
@@ -212,12 +217,7 @@ impl Stream {
     where
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
-        let mut cmds = Commands {
-            raw: &*self.raw,
-            device_id: self.device.id(),
-            enqueued: 0,
-            _p: PhantomData,
-        };
+        let mut cmds = self.commands();
         let outcome = f(&mut cmds, &mut bundle);
         if cmds.enqueued == 0 {
             return outcome.map(|v| (bundle, v));
