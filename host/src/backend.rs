@@ -116,6 +116,25 @@ pub(crate) trait Backend: Send + Sync {
     /// # Safety
     /// `ptr` was registered with `register_host` and no operation uses it.
     unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    /// Unregisters like `unregister_host`, then runs `release` (which frees
+    /// the memory). A backend may do both later, on another thread (CUDA
+    /// does when called on a completion thread, where the driver's call can
+    /// wait for the whole device).
+    ///
+    /// # Safety
+    /// As `unregister_host`; `release` must be sound to run on any thread
+    /// once the range is unregistered, and nothing else may use the memory.
+    unsafe fn unregister_host_then(
+        &self,
+        ptr: *mut u8,
+        bytes: usize,
+        release: Box<dyn FnOnce() + Send>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.unregister_host(ptr, bytes) };
+        release();
+        r
+    }
     /// # Safety
     /// `ptr` lies in an allocation made with `device_mapped`.
     unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64>;

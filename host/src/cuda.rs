@@ -15,8 +15,10 @@
 //! Watchers never free memory: a deferred release (a dropped job's buffers)
 //! runs on the watcher, but `cuMemFree`/`cuMemFreeHost` may wait for the
 //! whole device, which would hold the stream's later completions behind
-//! unrelated work, or deadlock when that work waits for one of them. Such
-//! frees are parked and done by the next allocation, free, new stream or
+//! unrelated work, or deadlock when that work waits for one of them (as do
+//! `cuMemHostUnregister` and the allocations: all were measured waiting for
+//! a kernel running on another stream). Such frees and unregistrations are
+//! parked and done by the next allocation, free, new stream or
 //! synchronize on another thread, or when the device goes.
 
 use crate::backend::{Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer};
@@ -99,6 +101,8 @@ pub(crate) struct Shared {
 enum ParkedFree {
     Device(u64),
     Host(*mut u8),
+    /// A registered range, and what frees it once unregistered.
+    Unregister(*mut u8, Box<dyn FnOnce() + Send>),
 }
 // SAFETY: a device address or a pinned host allocation owned by nobody else
 // (its owner was dropped); freeing it from another thread is allowed.
@@ -107,6 +111,10 @@ unsafe impl Send for ParkedFree {}
 thread_local! {
     /// Set on watcher threads (see `Shared::parked`).
     static ON_WATCHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn on_watcher() -> bool {
+    ON_WATCHER.with(|w| w.get())
 }
 
 /// Events kept for reuse per kind; more are destroyed.
@@ -162,18 +170,22 @@ impl Shared {
 
     /// Parks a free when called on a watcher thread; returns whether it did.
     fn park_on_watcher(&self, free: ParkedFree) -> bool {
-        if !ON_WATCHER.with(|w| w.get()) {
+        if !on_watcher() {
             return false;
         }
+        self.park(free);
+        true
+    }
+
+    fn park(&self, free: ParkedFree) {
         lock(&self.parked).push(free);
         self.has_parked.store(true, Ordering::Release);
-        true
     }
 
     /// Frees what watchers parked (called off the watchers: allocations,
     /// frees, new streams, synchronize, and at the end).
     fn free_parked(&self) {
-        if self.has_parked.load(Ordering::Acquire) && !ON_WATCHER.with(|w| w.get()) {
+        if self.has_parked.load(Ordering::Acquire) && !on_watcher() {
             self.free_parked_now();
         }
     }
@@ -194,6 +206,11 @@ impl Shared {
                 match free {
                     ParkedFree::Device(d) => ("cuMemFree", sys::cuMemFree_v2(d)),
                     ParkedFree::Host(h) => ("cuMemFreeHost", sys::cuMemFreeHost(h.cast())),
+                    ParkedFree::Unregister(h, release) => {
+                        let r = sys::cuMemHostUnregister(h.cast());
+                        release();
+                        ("cuMemHostUnregister", r)
+                    }
                 }
             };
             if let Err(e) = self.check(call, r) {
@@ -406,6 +423,7 @@ impl Backend for CudaBackend {
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         self.shared.usable()?;
+        self.shared.free_parked();
         self.shared.bind()?;
         // SAFETY: the caller guarantees the range is valid and stays put.
         let r = unsafe {
@@ -415,10 +433,27 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
+        self.shared.free_parked();
         self.shared.bind()?;
         // SAFETY: registered by register_host, no operation pending (caller).
         let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
         self.shared.check("cuMemHostUnregister", r)
+    }
+
+    unsafe fn unregister_host_then(
+        &self,
+        ptr: *mut u8,
+        bytes: usize,
+        release: Box<dyn FnOnce() + Send>,
+    ) -> Result<()> {
+        if on_watcher() {
+            self.shared.park(ParkedFree::Unregister(ptr, release));
+            return Ok(());
+        }
+        // SAFETY: the caller's contract, passed on.
+        let r = unsafe { self.unregister_host(ptr, bytes) };
+        release();
+        r
     }
 
     unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64> {

@@ -244,7 +244,55 @@ impl<T: Pod> Registered<T> {
 
 impl<T: Pod> Drop for Registered<T> {
     fn drop(&mut self) {
-        self.unregister();
+        let Some(v) = self.data.take() else { return };
+        if std::mem::size_of_val(v.as_slice()) == 0 {
+            return; // never registered (see `new`)
+        }
+        let Ok(layout) = std::alloc::Layout::array::<T>(v.capacity()) else {
+            // Not possible for a live Vec; unregister here and let it drop.
+            self.data = Some(v);
+            self.unregister();
+            return;
+        };
+        // The Vec's buffer goes with the unregistration, which the backend
+        // may do later on another thread (CUDA, when this runs on a
+        // completion thread). T is Pod: its elements need no drop.
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let bytes = std::mem::size_of_val(v.as_slice());
+        let ptr = v.as_mut_ptr().cast::<u8>();
+        let buffer = VecBuffer { ptr, layout };
+        // SAFETY: registered in `new`; a job holding this guard drops it only
+        // at completion, so no transfer uses the memory any more; `buffer` is
+        // the Vec's own allocation, freed once, after the unregistration.
+        let r = unsafe {
+            self.device
+                .backend
+                .unregister_host_then(ptr, bytes, Box::new(move || buffer.free()))
+        };
+        if let Err(e) = r {
+            eprintln!("warning: unregistering host memory failed: {e}");
+        }
+    }
+}
+
+/// A `Vec`'s heap buffer taken out of the `Vec` (elements need no drop).
+struct VecBuffer {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: an allocation owned by nobody else; freeing it from another thread
+// is allowed.
+unsafe impl Send for VecBuffer {}
+
+impl VecBuffer {
+    fn free(self) {
+        if self.layout.size() != 0 {
+            // SAFETY: a Vec allocates its buffer from the global allocator
+            // with `Layout::array::<T>(capacity)`, the layout kept here, and
+            // this is its only free.
+            unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        }
     }
 }
 

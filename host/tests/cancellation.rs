@@ -229,16 +229,27 @@ fn a_cancelled_job_does_not_hold_its_streams_later_completions_behind_other_work
         let (a, b) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
         let gate = std::sync::Arc::new(host::MappedFlag::new(&device).unwrap());
         let _watchdog = watchdog(&gate);
-        // Stream b is held on the GPU until this thread opens the gate.
-        let held = b.run(gate.clone(), |c, g| c.gate(g));
-        // A job on stream a, dropped unfinished: its device buffer is released
-        // when a's work completes, by a's completion source.
+        // Everything allocated first: on CUDA, allocating (like freeing) waits
+        // while a kernel runs anywhere on the device.
         let buf = DeviceBuffer::<f32>::new(&device, 1 << 20).unwrap();
+        let data = random(&mut fastrand::Rng::with_seed(5), 1 << 20);
+        let registered = host::Registered::new(&device, data).unwrap();
+        let target = DeviceBuffer::<f32>::new(&device, 1 << 20).unwrap();
+        // Stream b is held on the GPU until this thread opens the gate; give
+        // its kernel time to start.
+        let held = b.run(gate.clone(), |c, g| c.gate(g));
+        std::thread::sleep(Duration::from_millis(20));
+        // Jobs on stream a, dropped unfinished: their device buffers and the
+        // registered memory are released when a's work completes, by a's
+        // completion source.
         drop(a.launch(Kernel::Scale { s: 2.0 }, buf));
+        drop(a.run((registered, target), |c, (r, t)| {
+            c.copy_h2d(r.host(), t.view())
+        }));
         // A later point on stream a must be delivered while b is still held.
-        // Freeing device memory on a's completion thread (cuMemFree may wait
-        // for the whole device) would block it until the gate opens, which
-        // only this thread does, after this wait.
+        // Freeing or unregistering memory on a's completion thread (the
+        // driver's calls wait for the kernel on b) would block it until the
+        // gate opens, which only this thread does, after this wait.
         let t = Instant::now();
         let later = block_on(a.record().unwrap().wait());
         let waited = t.elapsed();
