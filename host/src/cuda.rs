@@ -18,8 +18,8 @@
 //! unrelated work, or deadlock when that work waits for one of them (as do
 //! `cuMemHostUnregister` and the allocations: all were measured waiting for
 //! a kernel running on another stream). Such frees and unregistrations are
-//! parked and done by the next allocation, free, new stream or
-//! synchronize on another thread, or when the device goes.
+//! parked and done by the next allocation, free, (un)registration, new
+//! stream or synchronize on another thread, or when the device goes.
 
 use crate::backend::{Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer};
 use crate::completion::{lock, Completion};
@@ -88,24 +88,23 @@ pub(crate) struct Shared {
     /// event per recorded point cost a driver call each way on every awaited
     /// operation; a recycled one costs a lock.
     free_events: [Mutex<Vec<RawCuEvent>>; 2],
-    /// Frees asked for on a watcher thread, done later on another thread:
-    /// `cuMemFree`/`cuMemFreeHost` may wait for the whole device, and a
-    /// watcher blocked there would hold back its stream's completions behind
-    /// unrelated work (a deadlock when that work waits for one of them).
+    /// Frees and unregistrations asked for on a watcher thread, done later on
+    /// another thread (see the module docs).
     parked: Mutex<Vec<ParkedFree>>,
     /// `parked` is non-empty (lets every allocation skip the lock).
     has_parked: AtomicBool,
 }
 
-/// Memory the GPU is done with, to be freed off the watcher threads.
+/// Memory the GPU is done with, to be freed or unregistered off the watchers.
 enum ParkedFree {
     Device(u64),
     Host(*mut u8),
     /// A registered range, and what frees it once unregistered.
     Unregister(*mut u8, Box<dyn FnOnce() + Send>),
 }
-// SAFETY: a device address or a pinned host allocation owned by nobody else
-// (its owner was dropped); freeing it from another thread is allowed.
+// SAFETY: a device address, a pinned host allocation or a registered range
+// owned by nobody else (its owner was dropped; `release` is Send); freeing or
+// unregistering it from another thread is allowed.
 unsafe impl Send for ParkedFree {}
 
 thread_local! {
@@ -200,8 +199,9 @@ impl Shared {
             return; // nothing can be freed without the context; the driver reclaims it
         }
         for free in parked {
-            // SAFETY: parked by free_device / free_host, whose callers
-            // guaranteed the memory is ours and unused; nothing else holds it.
+            // SAFETY: parked by free_device / free_host / unregister_host_then,
+            // whose callers guaranteed the memory is ours and unused; nothing
+            // else holds it.
             let (call, r) = unsafe {
                 match free {
                     ParkedFree::Device(d) => ("cuMemFree", sys::cuMemFree_v2(d)),

@@ -187,16 +187,7 @@ impl Stream {
                 keep: None,
             },
             (outcome, Err(record_err)) => {
-                if enqueued > 0 && self.device.broken().is_none() {
-                    // Work was queued but its end can't be observed: never free
-                    // what the GPU might still touch.
-                    std::mem::forget(bundle);
-                } else {
-                    // Nothing queued, or the context is broken for good: a broken
-                    // CUDA context runs nothing more (and its driver refuses to
-                    // free), so releasing the buffers is safe.
-                    drop(bundle);
-                }
+                self.abandon(bundle, enqueued);
                 JobState::Failed(Some(outcome.err().unwrap_or(record_err)))
             }
         };
@@ -219,7 +210,8 @@ impl Stream {
     {
         let mut cmds = self.commands();
         let outcome = f(&mut cmds, &mut bundle);
-        if cmds.enqueued == 0 {
+        let enqueued = cmds.enqueued;
+        if enqueued == 0 {
             return outcome.map(|v| (bundle, v));
         }
         let waited = self.raw.marker(false).and_then(|raw| {
@@ -232,11 +224,22 @@ impl Stream {
         match waited {
             Ok(()) => outcome.map(|v| (bundle, v)),
             Err(e) => {
-                if self.device.broken().is_none() {
-                    std::mem::forget(bundle); // the GPU may still use it
-                }
+                self.abandon(bundle, enqueued);
                 Err(e)
             }
+        }
+    }
+
+    /// Lets go of a bundle whose `enqueued` commands can't be seen to finish.
+    /// Work was queued but its end can't be observed: never free what the GPU
+    /// might still touch, so it is leaked. Nothing queued, or the context
+    /// broken for good (a broken CUDA context runs nothing more, and its
+    /// driver refuses to free): releasing the buffers is safe.
+    fn abandon<B>(&self, bundle: B, enqueued: usize) {
+        if enqueued > 0 && self.device.broken().is_none() {
+            std::mem::forget(bundle);
+        } else {
+            drop(bundle);
         }
     }
 

@@ -215,7 +215,7 @@ pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> 
     })
 }
 
-/// The two tokio runtimes (built once per mode) and `block_on`.
+/// The three tokio runtimes (built once per mode) and `block_on`.
 struct Executors {
     multi: tokio::runtime::Runtime,
     multi2: tokio::runtime::Runtime,
@@ -327,6 +327,20 @@ fn wake_synced(
 
 type Bundle = (PooledBuffer<f32>, DeviceBuffer<f32>);
 
+/// Per-operation CPU and wall microseconds of one kind of block, a value per round.
+#[derive(Default, Clone)]
+struct Block {
+    cpu: Vec<f64>,
+    wall: Vec<f64>,
+}
+
+impl Block {
+    fn push(&mut self, cpu: f64, wall: f64) {
+        self.cpu.push(cpu);
+        self.wall.push(wall);
+    }
+}
+
 /// `n` awaited 4-byte copies, each reusing the same two buffers.
 async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
     for _ in 0..n {
@@ -373,13 +387,9 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     let pool = PinnedPool::new(device);
     let (cpu_rounds, per_block) = (20, samples.max(1000).div_ceil(20));
     let mut bundle = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
-    let (mut synced, mut wall_s) = (Vec::new(), Vec::new());
-    let mut awaited: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
-    let mut wall_a: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
-    let mut extra: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
-    let mut echo_cpu: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
-    let mut echo_wall: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
-    let mut beyond: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mut synced = Block::default();
+    let mut awaited = vec![Block::default(); EXECUTORS.len()];
+    let mut echoed = vec![Block::default(); EXECUTORS.len()];
     let (echo_tx, echo_rx) = mpsc::channel::<oneshot::Sender<()>>();
     let echo = std::thread::spawn(move || {
         while let Ok(s) = echo_rx.recv() {
@@ -390,22 +400,14 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     for _ in 0..cpu_rounds {
         let (b, cpu, wall) = measured(|| copies_synced(&stream, bundle, per_block))?;
         bundle = b;
-        let s = per(cpu);
-        synced.push(s);
-        wall_s.push(per(wall));
+        synced.push(per(cpu), per(wall));
         for (k, &e) in EXECUTORS.iter().enumerate() {
             let (b, cpu, wall) =
                 measured(|| ex.run(e, copies_awaited(stream.clone(), bundle, per_block)))?;
             bundle = b;
-            let a = per(cpu);
-            awaited[k].push(a);
-            wall_a[k].push(per(wall));
-            extra[k].push(a - s);
+            awaited[k].push(per(cpu), per(wall));
             let ((), cpu, wall) = measured(|| ex.run(e, echoes(echo_tx.clone(), per_block)))?;
-            let echo_us = per(cpu);
-            echo_cpu[k].push(echo_us);
-            beyond[k].push(a - s - echo_us);
-            echo_wall[k].push(per(wall));
+            echoed[k].push(per(cpu), per(wall));
         }
     }
     drop(echo_tx);
@@ -416,22 +418,36 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     let executors = EXECUTORS
         .iter()
         .enumerate()
-        .map(|(k, &e)| ExecutorResult {
-            executor: e,
-            wake_median_us: m(&wake[k]),
-            wake_p90_us: percentile(&wake[k], 0.9),
-            wake_p99_us: percentile(&wake[k], 0.99),
-            wake_max_us: wake[k].iter().copied().fold(0.0, f64::max),
-            wake_over_50us: wake[k].iter().filter(|&&w| w > 50.0).count(),
-            ratio_vs_sync: m(&wake[k]) / sync_median,
-            cpu_us_per_awaited_op: m(&awaited[k]),
-            cpu_overhead_us: m(&extra[k]),
-            cpu_overhead_p10_us: percentile(&extra[k], 0.1),
-            cpu_overhead_p90_us: percentile(&extra[k], 0.9),
-            wall_us_per_awaited_op: m(&wall_a[k]),
-            echo_cpu_us_per_op: m(&echo_cpu[k]),
-            echo_wall_us_per_op: m(&echo_wall[k]),
-            cpu_overhead_beyond_echo_us: m(&beyond[k]),
+        .map(|(k, &e)| {
+            // Per round: awaiting minus synchronizing, and minus the echo too.
+            let extra: Vec<f64> = awaited[k]
+                .cpu
+                .iter()
+                .zip(&synced.cpu)
+                .map(|(a, s)| a - s)
+                .collect();
+            let beyond: Vec<f64> = extra
+                .iter()
+                .zip(&echoed[k].cpu)
+                .map(|(x, e)| x - e)
+                .collect();
+            ExecutorResult {
+                executor: e,
+                wake_median_us: m(&wake[k]),
+                wake_p90_us: percentile(&wake[k], 0.9),
+                wake_p99_us: percentile(&wake[k], 0.99),
+                wake_max_us: wake[k].iter().copied().fold(0.0, f64::max),
+                wake_over_50us: wake[k].iter().filter(|&&w| w > 50.0).count(),
+                ratio_vs_sync: m(&wake[k]) / sync_median,
+                cpu_us_per_awaited_op: m(&awaited[k].cpu),
+                cpu_overhead_us: m(&extra),
+                cpu_overhead_p10_us: percentile(&extra, 0.1),
+                cpu_overhead_p90_us: percentile(&extra, 0.9),
+                wall_us_per_awaited_op: m(&awaited[k].wall),
+                echo_cpu_us_per_op: m(&echoed[k].cpu),
+                echo_wall_us_per_op: m(&echoed[k].wall),
+                cpu_overhead_beyond_echo_us: m(&beyond),
+            }
         })
         .collect();
     Ok(ModeResult {
@@ -439,8 +455,8 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
         samples: sync.len(),
         sync_median_us: sync_median,
         sync_p99_us: percentile(&sync, 0.99),
-        cpu_us_per_synced_op: m(&synced),
-        wall_us_per_synced_op: m(&wall_s),
+        cpu_us_per_synced_op: m(&synced.cpu),
+        wall_us_per_synced_op: m(&synced.wall),
         cpu_rounds,
         executors,
     })
