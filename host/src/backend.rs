@@ -81,6 +81,8 @@ pub struct DeviceInfo {
 pub(crate) struct RawEvent {
     pub completion: Completion,
     pub timer: Timer,
+    /// Recorded with timing (only such events can be measured).
+    pub timing: bool,
 }
 
 /// What measures elapsed time between two recorded points.
@@ -137,6 +139,7 @@ pub(crate) trait Backend: Send + Sync {
     }
     /// # Safety
     /// `ptr` lies in an allocation made with `device_mapped`.
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64>;
 
     fn alloc_device(&self, bytes: usize) -> Result<u64>;
@@ -153,7 +156,8 @@ pub(crate) trait Backend: Send + Sync {
     unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
 
     fn new_stream(&self) -> Result<Box<dyn RawStream>>;
-    /// Milliseconds between two timed events, both completed.
+    /// Milliseconds between two timed events: [`Error::NotReady`](crate::Error::NotReady)
+    /// when either has not been reached yet (the safe layer checks timing).
     fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32>;
     /// Blocks until all work on the device is done.
     fn synchronize(&self) -> Result<()>;

@@ -21,25 +21,25 @@
 //! No lock is held across a wake, a deferred action or a driver call.
 //!
 //! Checked by Miri (CI) and by loom, which explores the interleavings of
-//! completion against registration, deferral and `join`
+//! completion against registration and deferral
 //! (`RUSTFLAGS="--cfg loom" cargo test -p host --lib --release loom`).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+#[cfg(test)]
+use crate::error::Error;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 
+#[cfg(all(test, loom))]
+use loom::sync::atomic::AtomicUsize;
 #[cfg(loom)]
-use loom::sync::{
-    atomic::{AtomicBool, AtomicUsize},
-    Arc, Mutex, MutexGuard,
-};
+use loom::sync::{atomic::AtomicBool, Arc, Mutex, MutexGuard};
+#[cfg(all(test, not(loom)))]
+use std::sync::atomic::AtomicUsize;
 #[cfg(not(loom))]
-use std::sync::{
-    atomic::{AtomicBool, AtomicUsize},
-    Arc, Mutex, MutexGuard,
-};
+use std::sync::{atomic::AtomicBool, Arc, Mutex, MutexGuard};
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
@@ -90,13 +90,6 @@ impl Completion {
                 state: Mutex::new(State::default()),
             }),
         }
-    }
-
-    /// An already finished completion.
-    pub fn ready(result: Result<()>) -> Self {
-        let c = Self::new();
-        c.complete(result);
-        c
     }
 
     /// Marks the completion finished with `result`, wakes every waiter and runs
@@ -195,34 +188,6 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Completes with the first error of `parts`, once all of them are done.
-///
-/// Ordering: each part's deferred action records its error (under a lock)
-/// before its `AcqRel` decrement; the last decrement therefore sees every
-/// error recorded before it.
-pub fn join(parts: &[Completion]) -> Completion {
-    let all = Completion::new();
-    let remaining = Arc::new(AtomicUsize::new(parts.len()));
-    let first_err: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
-    if parts.is_empty() {
-        all.complete(Ok(()));
-    }
-    for p in parts {
-        let (all, remaining, first_err, p2) =
-            (all.clone(), remaining.clone(), first_err.clone(), p.clone());
-        p.defer(move || {
-            if let Some(Err(e)) = p2.result() {
-                locked(&first_err).get_or_insert(e);
-            }
-            if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let err = locked(&first_err).take();
-                all.complete(err.map_or(Ok(()), Err));
-            }
-        });
-    }
-    all
-}
-
 /// Model checks: loom runs each body under every interleaving of its threads
 /// (up to its preemption bound) and fails on a deadlock, i.e. a lost wake-up.
 #[cfg(all(test, loom))]
@@ -273,20 +238,6 @@ mod loom_tests {
             assert_eq!(seen.is_ok(), c.result().map(|r| r.is_ok()) == Some(true));
         });
     }
-
-    #[test]
-    fn join_completes_once_with_the_error_of_a_part() {
-        loom::model(|| {
-            let (a, b) = (Completion::new(), Completion::new());
-            let j = join(&[a.clone(), b.clone()]);
-            let ta = thread::spawn(move || a.complete(Err(Error::ContextBroken("trap".into()))));
-            let tb = thread::spawn(move || b.complete(Ok(())));
-            let r = block_on(j.wait());
-            ta.join().unwrap();
-            tb.join().unwrap();
-            assert!(matches!(r, Err(Error::ContextBroken(_))));
-        });
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -334,15 +285,12 @@ mod tests {
     }
 
     #[test]
-    fn errors_reach_every_waiter_and_join() {
-        let (a, b) = (Completion::new(), Completion::new());
-        let j = join(&[a.clone(), b.clone()]);
-        a.complete(Err(Error::ContextBroken("trap".into())));
-        assert!(!j.is_done());
-        b.complete(Ok(()));
-        assert!(matches!(j.block(), Err(Error::ContextBroken(_))));
-        assert!(matches!(a.block(), Err(Error::ContextBroken(_))));
-        assert!(join(&[]).block().is_ok());
+    fn errors_reach_every_waiter() {
+        let c = Completion::new();
+        let w = c.clone();
+        c.complete(Err(Error::ContextBroken("trap".into())));
+        assert!(matches!(w.block(), Err(Error::ContextBroken(_))));
+        assert!(matches!(c.result(), Some(Err(Error::ContextBroken(_)))));
     }
 
     #[test]

@@ -210,7 +210,7 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let layout = lock(&self.device_allocs).remove(&ptr).ok_or_else(|| {
-            Error::InvalidArgument(format!("{ptr:#x} is not a device allocation"))
+            Error::Internal(format!("{ptr:#x} is not a device allocation"))
         })?;
         // SAFETY: allocated by alloc_device with this layout; unused (caller).
         unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
@@ -243,7 +243,7 @@ impl Backend for CpuBackend {
                     task(&shared, &mut failed);
                 }
             })
-            .map_err(|e| Error::InvalidArgument(format!("cannot start a stream worker: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start a stream worker: {e}")))?;
         Ok(Box::new(CpuStream {
             tx: Mutex::new(tx),
             shared: self.shared.clone(),
@@ -254,11 +254,9 @@ impl Backend for CpuBackend {
         match (start, end) {
             (Timer::Cpu(a), Timer::Cpu(b)) => match (a.get(), b.get()) {
                 (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
-                _ => Err(Error::InvalidArgument("event not completed yet".into())),
+                _ => Err(Error::NotReady),
             },
-            _ => Err(Error::InvalidArgument(
-                "elapsed time needs two events recorded with timing".into(),
-            )),
+            _ => Err(Error::NotTimed),
         }
     }
 
@@ -294,7 +292,7 @@ impl CpuStream {
         });
         lock(&self.tx)
             .send(task)
-            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))
+            .map_err(|_| Error::Internal("the stream worker has stopped".into()))
     }
 }
 
@@ -333,7 +331,7 @@ impl RawStream for CpuStream {
         })
     }
 
-    fn record(&self, _timing: bool) -> Result<RawEvent> {
+    fn record(&self, timing: bool) -> Result<RawEvent> {
         let completion = Completion::new();
         let stamp = Arc::new(OnceLock::new());
         let (c, s) = (completion.clone(), stamp.clone());
@@ -350,10 +348,11 @@ impl RawStream for CpuStream {
         });
         lock(&self.tx)
             .send(task)
-            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))?;
+            .map_err(|_| Error::Internal("the stream worker has stopped".into()))?;
         Ok(RawEvent {
             completion,
             timer: Timer::Cpu(stamp),
+            timing,
         })
     }
 
@@ -373,7 +372,7 @@ impl RawStream for CpuStream {
         });
         lock(&self.tx)
             .send(task)
-            .map_err(|_| Error::InvalidArgument("the stream worker has stopped".into()))
+            .map_err(|_| Error::Internal("the stream worker has stopped".into()))
     }
 }
 
@@ -393,8 +392,20 @@ unsafe fn run_kernel(shared: &Shared, call: &KernelCall) -> Result<()> {
             let x = unsafe { slice_mut(x, n) };
             par_chunks_mut(x, shared.workers, |c| elementwise::intensity_slice(c, k));
         }
+        KernelCall::Saxpy { a, x, y, n } if x == y => {
+            // One operand read and written in place (the safe layer allows the
+            // same range, never a partial overlap): one slice, no aliasing.
+            // SAFETY: the caller's contract.
+            let y = unsafe { slice_mut(y, n) };
+            par_chunks_mut(y, shared.workers, |c| {
+                for v in c {
+                    *v = elementwise::saxpy(a, *v, *v);
+                }
+            });
+        }
         KernelCall::Saxpy { a, x, y, n } => {
-            // SAFETY: the caller's contract; x and y do not overlap.
+            // SAFETY: the caller's contract; x and y do not overlap (the safe
+            // layer rejects partial overlap, and equal ranges take the arm above).
             let (x, y) = unsafe { (slice_mut(x, n), slice_mut(y, n)) };
             let chunk = chunk_len(n, shared.workers);
             if chunk == 0 {

@@ -332,7 +332,7 @@ impl CudaBackend {
             .map_err(drv("cuDriverGetVersion"))?;
 
         let ptx = std::ffi::CString::new(crate::ptx::PTX)
-            .map_err(|_| Error::InvalidArgument("PTX contains a NUL byte".into()))?;
+            .map_err(|_| Error::Internal("the embedded PTX contains a NUL byte".into()))?;
         // SAFETY: a NUL-terminated PTX image; the context is current on this thread.
         let module = unsafe { cudarc::driver::result::module::load_data(ptx.as_ptr().cast()) }
             .map_err(drv("cuModuleLoadData"))?;
@@ -527,7 +527,7 @@ impl Backend for CudaBackend {
         let thread = std::thread::Builder::new()
             .name("cuda-watcher".into())
             .spawn(move || watch(shared, rx))
-            .map_err(|e| Error::InvalidArgument(format!("cannot start a watcher thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start a watcher thread: {e}")))?;
         Ok(Box::new(CudaStream {
             stream: StreamHandle(s),
             shared: self.shared.clone(),
@@ -543,12 +543,13 @@ impl Backend for CudaBackend {
                 let mut ms = 0.0f32;
                 // SAFETY: both events are alive and were recorded with timing.
                 let r = unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.ev, b.ev) };
+                if r == CUresult::CUDA_ERROR_NOT_READY {
+                    return Err(Error::NotReady);
+                }
                 self.shared.check("cuEventElapsedTime", r)?;
                 Ok(ms)
             }
-            _ => Err(Error::InvalidArgument(
-                "elapsed time needs two events recorded with timing".into(),
-            )),
+            _ => Err(Error::NotTimed),
         }
     }
 
@@ -717,7 +718,7 @@ impl RawStream for CudaStream {
             .find(|(n, _)| *n == call.name())
             .map(|(_, f)| *f)
             .ok_or_else(|| {
-                Error::InvalidArgument(format!("kernel {} not in the PTX", call.name()))
+                Error::Internal(format!("kernel {} not in the PTX", call.name()))
             })?;
         // Argument storage in the order of the `extern "ptx-kernel"` signatures.
         let mut u64s = [0u64; 3];
@@ -774,14 +775,15 @@ impl RawStream for CudaStream {
         let completion = Completion::new();
         lock(&self.watcher)
             .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("the stream's watcher has stopped".into()))?
+            .ok_or_else(|| Error::Internal("the stream's watcher has stopped".into()))?
             .send((event.clone(), completion.clone()))
-            .map_err(|_| Error::InvalidArgument("the stream's watcher has stopped".into()))?;
+            .map_err(|_| Error::Internal("the stream's watcher has stopped".into()))?;
         Ok(RawEvent {
             completion,
             // The handle is kept for cross-stream waits; only timed events can be
             // measured (cuEventElapsedTime reports an error otherwise).
             timer: Timer::Cuda(event),
+            timing,
         })
     }
 
@@ -789,6 +791,7 @@ impl RawStream for CudaStream {
         Ok(RawEvent {
             completion: Completion::new(),
             timer: Timer::Cuda(self.record_event(timing)?),
+            timing,
         })
     }
 

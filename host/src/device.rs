@@ -1,11 +1,11 @@
 //! Choosing and opening a backend: the CUDA driver when a GPU is there, the
 //! CPU emulation otherwise, behind one [`Device`] handle.
 
-use crate::backend::{Backend, BackendKind, DeviceInfo};
+use crate::backend::{Backend, BackendKind, DeviceInfo, RawStream};
 use crate::cpu::{CpuBackend, LockPolicy};
 use crate::cuda::{CudaBackend, WaitMode};
 use crate::error::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Which backend to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -70,6 +70,8 @@ pub struct Device {
     note: Arc<str>,
     /// Device buffers alive now (a leak and use-after-free check for tests).
     pub(crate) live_buffers: Arc<std::sync::atomic::AtomicUsize>,
+    /// The streams opened on this device (for `synchronize`).
+    streams: Arc<Mutex<Vec<Weak<dyn RawStream>>>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -114,11 +116,12 @@ impl Device {
         )
     }
 
-    fn wrap(backend: Arc<dyn Backend>, note: Arc<str>) -> Device {
+    pub(crate) fn wrap(backend: Arc<dyn Backend>, note: Arc<str>) -> Device {
         Device {
             backend,
             note,
             live_buffers: Arc::default(),
+            streams: Arc::default(),
         }
     }
 
@@ -151,7 +154,9 @@ impl Device {
     }
 
     /// Device buffers of this handle alive now, including those a cancelled
-    /// job keeps until the GPU is done with them.
+    /// job keeps until the GPU is done with them (a test hook).
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
     pub fn live_device_buffers(&self) -> usize {
         self.live_buffers.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -161,9 +166,45 @@ impl Device {
         self.backend.broken()
     }
 
-    /// Blocks until all queued work on the device has finished.
+    /// Blocks the calling thread until all work queued so far on the
+    /// device's streams has finished *and* its completions have been
+    /// delivered: every job queued before the call is done, and the buffers
+    /// of dropped (cancelled) jobs are back in their pools or freed when it
+    /// returns. Synchronous code only (never on an executor thread).
+    ///
+    /// # Errors
+    /// The first fault of the work waited for ([`Error::ContextBroken`]
+    /// after a trap), or a driver error.
     pub fn synchronize(&self) -> Result<()> {
-        self.backend.synchronize()
+        let streams: Vec<Arc<dyn RawStream>> = crate::completion::lock(&self.streams)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut first_err = None;
+        for s in &streams {
+            // A point recorded now completes after everything queued before it
+            // on that stream, and its completion source delivers completions
+            // (and runs deferred releases) in order: once it is done, so are
+            // they. Recorded even on a broken context (the CPU records
+            // anyway; on CUDA the error comes back at once).
+            let r = s.record(false).and_then(|ev| ev.completion.block());
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        drop(streams);
+        let r = self.backend.synchronize();
+        match first_err {
+            Some(e) => Err(e),
+            None => r,
+        }
+    }
+
+    /// Remembers a stream for [`Device::synchronize`].
+    pub(crate) fn register_stream(&self, raw: &Arc<dyn RawStream>) {
+        let mut streams = crate::completion::lock(&self.streams);
+        streams.retain(|w| w.strong_count() > 0);
+        streams.push(Arc::downgrade(raw));
     }
 
     /// Identity used to reject mixing buffers of different devices.
@@ -172,81 +213,3 @@ impl Device {
     }
 }
 
-/// Test support: the devices every test body runs against.
-pub mod testing {
-    use super::*;
-
-    /// Whether `REQUIRE_GPU=1` is set: GPU tests must then run, not skip.
-    pub fn gpu_required() -> bool {
-        std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1")
-    }
-
-    /// The CUDA device, or `None` with a printed notice (a panic when
-    /// `REQUIRE_GPU=1`).
-    pub fn cuda(test: &str) -> Option<Device> {
-        match CudaBackend::new(0, WaitMode::default()) {
-            Ok(b) => Some(Device::wrap(Arc::new(b), "test".into())),
-            Err(e) => {
-                assert!(
-                    !gpu_required(),
-                    "{test}: REQUIRE_GPU=1 but no CUDA device: {e}"
-                );
-                // Written to the stderr handle directly: the test harness
-                // captures eprintln!, and a skip must be visible.
-                use std::io::Write;
-                let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU): {test}: {e}");
-                None
-            }
-        }
-    }
-
-    /// Test bodies that use the GPU run one at a time in a process: a test
-    /// holding a GPU-side gate closed must not share the device with another
-    /// test's `cuMemFree`, which waits for the whole device to go idle (and so
-    /// for the gate) while holding driver locks the first test may need.
-    pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Opens `gate` after 20 s if the test has not, so a failing test fails
-    /// instead of hanging the suite. Dropping the guard disarms it.
-    ///
-    /// The thread holds the gate weakly: holding it (and so its device) would
-    /// make this thread the device's last owner once the test ends, tearing
-    /// the CUDA context down on its own schedule, even while the process
-    /// exits (heap corruption at exit under compute-sanitizer).
-    pub fn watchdog(gate: &Arc<crate::MappedFlag>) -> Watchdog {
-        let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (a, g) = (armed.clone(), Arc::downgrade(gate));
-        std::thread::spawn(move || {
-            for _ in 0..200 {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                if !a.load(std::sync::atomic::Ordering::SeqCst) {
-                    return;
-                }
-            }
-            if let Some(g) = g.upgrade() {
-                eprintln!("watchdog: opening a gate the test left closed");
-                g.set(1);
-            }
-        });
-        Watchdog(armed)
-    }
-
-    /// Disarms its watchdog on drop.
-    pub struct Watchdog(Arc<std::sync::atomic::AtomicBool>);
-
-    impl Drop for Watchdog {
-        fn drop(&mut self) {
-            self.0.store(false, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-
-    /// Every backend present: the CPU emulation, and CUDA when available.
-    pub fn backends(test: &str) -> Vec<Device> {
-        let mut v = vec![Device::cpu()];
-        v.extend(cuda(test));
-        v
-    }
-}

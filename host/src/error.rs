@@ -3,7 +3,10 @@
 use std::sync::Arc;
 
 /// Everything that can go wrong, each with enough context to act on.
+///
+/// Non-exhaustive: match the variants you act on and keep a `_` arm.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver call {call} failed: {code}")]
@@ -75,6 +78,24 @@ pub enum Error {
     /// An argument that is invalid for the operation.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Two device ranges a command reads and writes share memory without
+    /// being the same range (same-range operands are allowed where the
+    /// operation is elementwise).
+    #[error("overlapping operands: {what}")]
+    Overlap {
+        /// Which command and operands.
+        what: &'static str,
+    },
+    /// Elapsed time asked of an event recorded without timing.
+    #[error("elapsed time needs two events recorded with timing (`record_timed`)")]
+    NotTimed,
+    /// Elapsed time asked of an event the stream has not reached yet.
+    #[error("the event has not completed yet: await it first")]
+    NotReady,
+    /// The library's own machinery failed (a stream's worker or completion
+    /// thread is gone, a thread could not start): not the caller's mistake.
+    #[error("internal failure: {0}")]
+    Internal(String),
     /// An I/O error (results, plots).
     #[error("I/O: {0}")]
     Io(Arc<std::io::Error>),
@@ -90,7 +111,7 @@ impl From<std::io::Error> for Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Byte size of `count` values of `T`, or [`Error::SizeOverflow`].
-pub fn byte_size<T>(count: usize) -> Result<usize> {
+pub(crate) fn byte_size<T>(count: usize) -> Result<usize> {
     count
         .checked_mul(std::mem::size_of::<T>())
         .filter(|&b| b <= isize::MAX as usize)
@@ -98,4 +119,52 @@ pub fn byte_size<T>(count: usize) -> Result<usize> {
             count,
             elem_size: std::mem::size_of::<T>(),
         })
+}
+
+/// A failed job's error, with the job's bundle handed back whenever the GPU
+/// is known to be done with it (always, except when work was queued and its
+/// end can't be observed on a live context: then the buffers are leaked
+/// rather than freed under the GPU, and `bundle` is `None`).
+///
+/// Converts into [`Error`] (dropping the bundle), so `?` works in functions
+/// returning [`Result`].
+pub struct JobError<B> {
+    /// What went wrong.
+    pub error: Error,
+    /// The buffers the job held, when they can be handed back.
+    pub bundle: Option<B>,
+}
+
+impl<B> JobError<B> {
+    /// The error and the bundle.
+    pub fn into_parts(self) -> (Error, Option<B>) {
+        (self.error, self.bundle)
+    }
+}
+
+impl<B> std::fmt::Debug for JobError<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobError")
+            .field("error", &self.error)
+            .field("bundle_returned", &self.bundle.is_some())
+            .finish()
+    }
+}
+
+impl<B> std::fmt::Display for JobError<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<B> std::error::Error for JobError<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<B> From<JobError<B>> for Error {
+    fn from(e: JobError<B>) -> Error {
+        e.error
+    }
 }

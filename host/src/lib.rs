@@ -5,8 +5,8 @@
 //! - [`Stream`], [`Event`], [`Job`]: device work as runtime-agnostic futures.
 //!   Jobs own their buffers until the GPU is done, so memory in flight can't
 //!   be touched or freed; dropping a job defers the release to completion.
-//! - [`pipeline`]: chunked H2D → kernel → D2H over several streams, and
-//!   [`pipeline::compare_sync_async`].
+//! - [`Pipeline`]: chunked H2D → kernel → D2H over several streams, so the
+//!   copy engines and the SMs work at once.
 //! - Two backends behind one API ([`Device`]): the CUDA driver (loaded at
 //!   run time through cudarc) and a CPU emulation for machines without a GPU.
 //!
@@ -22,43 +22,51 @@
 //! input.as_mut_slice().fill(2.0);
 //! let output = pool.alloc::<f32>(1 << 20)?;
 //! let dev = DeviceBuffer::<f32>::new(&device, 1 << 20)?;
-//! // One batch: copy in, scale, copy out. The job owns the buffers until done.
+//! // One batch: copy in, scale, copy out. The job owns the buffers until done;
+//! // every view a command takes is borrowed from the bundle.
 //! let ((input, dev, output), ()) = stream
 //!     .run((input, dev, output), |c, (i, d, o)| {
-//!         c.copy_h2d(i.host(), d.view())?;
-//!         c.kernel(Kernel::Scale { s: 3.0 }, d.view())?;
-//!         c.copy_d2h(d.view(), o.host_mut())
+//!         let d = d.view_mut();
+//!         c.copy_h2d(i.host(), d)?;
+//!         c.kernel(Kernel::Scale { s: 3.0 }, d)?;
+//!         c.copy_d2h(d, o.host_mut())
 //!     })
 //!     .await?;
 //! assert_eq!(output.as_slice()[0], 6.0);
 //! # drop((input, dev)); Ok(()) }
 //! ```
 
-pub mod backend;
-pub mod compare;
-pub mod completion;
+mod backend;
+mod completion;
 mod cpu;
 mod cuda;
-pub mod device;
-pub mod error;
-pub mod kernel;
-pub mod memory;
-pub mod pipeline;
-pub mod pool;
+mod device;
+mod error;
+pub mod guarantees;
+mod kernel;
+mod memory;
+mod pipeline;
+mod pool;
 pub mod ptx;
-pub mod stream;
+mod stream;
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub mod testing;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
-pub use compare::{compare_sync_async, Comparison};
+pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy};
 pub use cuda::{driver_present, WaitMode};
-pub use device::{BackendChoice, Device, DeviceOptions};
-pub use error::{Error, Result};
+pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV};
+pub use error::{Error, JobError, Result};
 pub use kernel::Kernel;
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub use memory::MappedFlag;
 pub use memory::{
-    DeviceBuffer, DeviceSlice, HostSlice, HostSliceMut, MappedFlag, PinnedBuffer, PinnedHost,
-    Registered,
+    DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
+    Registered, MAX_HOST_ALIGN,
 };
-pub use pipeline::{Pipeline, Plan};
-pub use pool::{PinnedPool, PoolStats, PooledBuffer};
-pub use stream::{Commands, Event, Job, Stream};
+pub use pipeline::{ChunkEvents, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES};
+pub use pool::{PinnedPool, PoolStats, PooledBuffer, MIN_BLOCK};
+pub use stream::{Commands, Event, Job, Mark, Stream};

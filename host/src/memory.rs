@@ -8,7 +8,6 @@ use crate::error::{byte_size, Error, Result};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Largest alignment a pinned allocation guarantees (page alignment).
 pub const MAX_HOST_ALIGN: usize = 4096;
@@ -344,7 +343,8 @@ impl<T: Pod> DeviceBuffer<T> {
         self.len == 0
     }
 
-    /// A view of the whole buffer for stream commands.
+    /// A read view of the whole buffer for stream commands (a source).
+    /// Shared: a buffer behind an `Arc` in several jobs can be read by all.
     pub fn view(&self) -> DeviceSlice<'_, T> {
         DeviceSlice {
             addr: self.ptr,
@@ -352,6 +352,25 @@ impl<T: Pod> DeviceBuffer<T> {
             device_id: self.device.id(),
             _p: PhantomData,
         }
+    }
+
+    /// A write view of the whole buffer for stream commands (a destination,
+    /// or a kernel's in-place operand). It borrows the buffer exclusively, so
+    /// no other job can hold it meanwhile; inside one batch it is `Copy` and
+    /// serves several commands, which the stream runs in order. Take it once
+    /// (`let d = d.view_mut();`) and reuse it.
+    pub fn view_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        DeviceSliceMut {
+            addr: self.ptr,
+            len: self.len,
+            device_id: self.device.id(),
+            _p: PhantomData,
+        }
+    }
+
+    /// The device address and device identity, for the crate's own commands.
+    pub(crate) fn raw_parts(&self) -> (u64, usize) {
+        (self.ptr, self.device.id())
     }
 
     /// Synchronous copy from any host slice (pageable memory's path): returns
@@ -395,12 +414,14 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
 }
 
 /// A `u32` in device-mapped pinned memory: the host sets it, kernels read it
-/// (the GPU-side gate tests use it to hold work without timers).
+/// (the GPU-side gate tests use it to hold work without timers; a test hook).
+#[cfg(feature = "hooks")]
 pub struct MappedFlag {
     buf: PinnedBuffer<u32>,
     device_addr: u64,
 }
 
+#[cfg(feature = "hooks")]
 impl MappedFlag {
     /// A cleared flag.
     pub fn new(device: &Device) -> Result<Self> {
@@ -414,19 +435,20 @@ impl MappedFlag {
         Ok(MappedFlag { buf, device_addr })
     }
 
-    fn atomic(&self) -> &AtomicU32 {
+    fn atomic(&self) -> &std::sync::atomic::AtomicU32 {
         // SAFETY: a live, aligned u32 that outlives the borrow; the GPU only reads it.
-        unsafe { AtomicU32::from_ptr(self.buf.raw_ptr()) }
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.buf.raw_ptr()) }
     }
 
     /// Sets the flag (opens the gate).
     pub fn set(&self, v: u32) {
-        self.atomic().store(v, Ordering::Release);
+        self.atomic()
+            .store(v, std::sync::atomic::Ordering::Release);
     }
 
     /// The current value.
     pub fn get(&self) -> u32 {
-        self.atomic().load(Ordering::Acquire)
+        self.atomic().load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub(crate) fn device_addr(&self) -> u64 {
@@ -456,14 +478,67 @@ pub struct HostSliceMut<'a, T> {
     _p: PhantomData<&'a mut [T]>,
 }
 
-/// A range of a device buffer. Device memory is only touched through stream
-/// commands, which the stream orders, so a shared borrow suffices.
+/// A range of a device buffer that commands read (a copy's source, a
+/// kernel's input). Obtained from `&DeviceBuffer`, so several readers may
+/// share a buffer; nobody can write it meanwhile.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceSlice<'a, T> {
     pub(crate) addr: u64,
     pub(crate) len: usize,
     pub(crate) device_id: usize,
     _p: PhantomData<&'a T>,
+}
+
+/// A range of a device buffer that commands write (a copy's destination, a
+/// kernel's output or in-place operand). Obtained from `&mut DeviceBuffer`:
+/// the buffer is exclusively borrowed for the whole batch. `Copy` within the
+/// batch, because the commands of one batch run in stream order; commands
+/// that read and write two views check at run time that they don't
+/// partially overlap ([`Error::Overlap`]).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSliceMut<'a, T> {
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+    pub(crate) device_id: usize,
+    _p: PhantomData<&'a mut T>,
+}
+
+impl<'a, T> From<DeviceSliceMut<'a, T>> for DeviceSlice<'a, T> {
+    fn from(v: DeviceSliceMut<'a, T>) -> Self {
+        DeviceSlice {
+            addr: v.addr,
+            len: v.len,
+            device_id: v.device_id,
+            _p: PhantomData,
+        }
+    }
+}
+
+/// A device range for the crate's own commands (the pipeline's scratch).
+///
+/// # Safety
+/// `addr..addr + len * size_of::<T>()` is device memory of `device_id` that
+/// stays allocated, and is written by nothing but the commands given this
+/// view, until a point recorded after them has completed.
+pub(crate) unsafe fn device_slice_mut<'a, T>(
+    addr: u64,
+    len: usize,
+    device_id: usize,
+) -> DeviceSliceMut<'a, T> {
+    DeviceSliceMut {
+        addr,
+        len,
+        device_id,
+        _p: PhantomData,
+    }
+}
+
+/// Whether two device ranges of `T` share any byte.
+pub(crate) fn overlaps<T>(a: DeviceSlice<'_, T>, b: DeviceSlice<'_, T>) -> bool {
+    let size = std::mem::size_of::<T>() as u64;
+    let (a0, a1) = (a.addr, a.addr + a.len as u64 * size);
+    let (b0, b1) = (b.addr, b.addr + b.len as u64 * size);
+    a.len > 0 && b.len > 0 && a0 < b1 && b0 < a1
 }
 
 fn bounds(r: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
@@ -564,6 +639,31 @@ impl<'a, T> DeviceSlice<'a, T> {
             len: e - s,
             ..self
         })
+    }
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<'a, T> DeviceSliceMut<'a, T> {
+    /// A sub-range.
+    pub fn range(self, r: impl RangeBounds<usize>) -> Result<Self> {
+        let (s, e) = bounds(r, self.len)?;
+        let offset = byte_size::<T>(s)? as u64;
+        Ok(DeviceSliceMut {
+            addr: self.addr + offset,
+            len: e - s,
+            ..self
+        })
+    }
+    /// The same range as a read view.
+    pub fn as_view(self) -> DeviceSlice<'a, T> {
+        self.into()
     }
     /// Element count.
     pub fn len(&self) -> usize {

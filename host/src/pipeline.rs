@@ -34,8 +34,10 @@
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
-use crate::memory::{host_slice, host_slice_mut, DeviceBuffer, PinnedHost};
-use crate::stream::{Commands, Event, Job, Stream};
+use crate::memory::{
+    device_slice_mut, host_slice, host_slice_mut, DeviceBuffer, DeviceSliceMut, PinnedHost,
+};
+use crate::stream::{Commands, Event, Job, Mark, Stream};
 use std::sync::{Arc, Mutex};
 
 /// How a run is cut: chunk count and stream count.
@@ -203,17 +205,19 @@ impl std::fmt::Display for Plan {
 }
 
 /// GPU timestamps of one chunk: before H2D, after H2D, after the kernel,
-/// after D2H (for the timeline plot).
+/// after D2H (for the timeline plot). Measure with [`Mark::elapsed_ms`].
+#[derive(Debug)]
 pub struct ChunkEvents {
     /// Chunk index.
     pub chunk: usize,
     /// Stream index.
     pub stream: usize,
-    /// The four events.
-    pub events: [Event; 4],
+    /// The four timed points.
+    pub events: [Mark; 4],
 }
 
 /// What a run hands back besides the buffers.
+#[derive(Debug)]
 pub struct RunInfo {
     /// The plan used.
     pub plan: Plan,
@@ -237,7 +241,7 @@ struct RunState {
     /// touched it. A run's first command on a buffer waits for it, so a run
     /// may start while the previous one drains, yet never overwrites a buffer
     /// still being read, whatever the two runs' layouts.
-    free: Vec<Option<Event>>,
+    free: Vec<Option<Mark>>,
 }
 
 impl Pipeline {
@@ -282,6 +286,21 @@ impl Pipeline {
 
     /// Pushes `input` through H2D → `kernel` → D2H into `output`, cut by `plan`.
     /// The job hands both buffers back when the last chunk is out.
+    ///
+    /// # Errors
+    /// The job resolves to a [`crate::JobError`] that hands `(input,
+    /// output)` back: at once for a bad plan (`InvalidArgument`) or unequal
+    /// lengths (`LengthMismatch`), before anything is enqueued; after the
+    /// work already enqueued has finished when enqueueing fails part-way or
+    /// the GPU faults. Only when the end of enqueued work can't be observed
+    /// on a live context are the buffers leaked instead (`bundle: None`).
+    ///
+    /// # Cancel safety
+    /// Everything is enqueued by this call. Dropping the job never cancels
+    /// the work and never frees early: the buffers (and the device scratch
+    /// the run uses) are released by the completion source when the last
+    /// stream is done. The next run on this pipeline is ordered after this
+    /// one on the GPU either way.
     pub fn run<I, O>(
         &self,
         input: I,
@@ -294,20 +313,32 @@ impl Pipeline {
         I: PinnedHost<f32> + Send + 'static,
         O: PinnedHost<f32> + Send + 'static,
     {
-        let n = input.host().len();
         let (src, dst) = (input.host(), output.host_mut());
-        if let Err(e) = crate::memory::check_len("pipeline (output vs input)", n, dst.len())
-            .and_then(|_| plan.validate(n))
-        {
-            return Job::failed(e);
-        }
+        // One view of each, used for the lengths and for every address.
+        let (n, src_ptr, dst_ptr, src_id, dst_id) =
+            (src.len, src.ptr, dst.ptr, src.device_id, dst.device_id);
+        let dst_len = dst.len;
         let streams = plan.streams_used();
-        if streams > self.streams.len() {
-            return Job::failed(Error::InvalidArgument(format!(
-                "plan wants {} streams, the pipeline has {}",
-                streams,
-                self.streams.len()
-            )));
+        let checked = crate::memory::check_len("pipeline (output vs input)", n, dst_len)
+            .and_then(|_| plan.validate(n))
+            .and_then(|_| {
+                if streams > self.streams.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan wants {} streams, the pipeline has {}",
+                        streams,
+                        self.streams.len()
+                    )));
+                }
+                if src_id != self.device.id() || dst_id != self.device.id() {
+                    return Err(Error::InvalidArgument(
+                        "a buffer of another device (or backend) was given to this pipeline"
+                            .into(),
+                    ));
+                }
+                Ok(())
+            });
+        if let Err(e) = checked {
+            return Job::failed(e, Some((input, output)));
         }
         let slots = plan.streams;
         let ranges = plan.ranges(n);
@@ -320,10 +351,22 @@ impl Pipeline {
         let st = &mut *guard;
         let scratch = match self.scratch(st, slots, longest) {
             Ok(s) => s,
-            Err(e) => return Job::failed(e),
+            Err(e) => {
+                drop(guard);
+                return Job::failed(e, Some((input, output)));
+            }
         };
         let free = &mut st.free;
-        let (src_ptr, dst_ptr, src_id, dst_id) = (src.ptr, dst.ptr, src.device_id, dst.device_id);
+        // The device view of the first `len` elements of scratch buffer `i`.
+        let scratch_view = |i: usize, len: usize| {
+            let (addr, id) = scratch[i].raw_parts();
+            // SAFETY: scratch buffers hold at least `longest >= len` floats; the
+            // returned job keeps them alive until every stream of the run is
+            // done; only this run's commands write them meanwhile (the
+            // pipeline lock, and each buffer's first use waiting for its last
+            // use by earlier runs).
+            unsafe { device_slice_mut::<f32>(addr, len, id) }
+        };
         // The host views of one chunk: input to copy in, output to copy into.
         let host = |r: std::ops::Range<usize>| {
             // SAFETY: every chunk range lies inside input and output (both n
@@ -347,39 +390,37 @@ impl Pipeline {
         let mut enqueue = || -> Result<()> {
             if plan.engines {
                 return enqueue_engines(
-                    &self.device,
                     &mut cmds,
                     &ranges,
-                    (&scratch, free),
+                    (&scratch_view, scratch.len(), free),
                     kernel,
                     events.as_mut(),
                     host,
                 );
             }
-            let mut chained: Option<Event> = None;
+            let mut chained: Option<Mark> = None;
             for (i, r) in ranges.iter().cloned().enumerate() {
                 let s = i % streams;
                 let c = &mut cmds[s];
                 let (hs, hd) = host(r.clone());
-                let d = scratch[s].view().range(0..r.len())?;
+                let d = scratch_view(s, r.len());
                 if let Some(prev) = free[s].take() {
-                    c.wait_event(&prev)?;
+                    c.wait_mark(&prev)?;
                 }
                 if let Some(prev) = chained.take() {
-                    c.wait_event(&prev)?;
+                    c.wait_mark(&prev)?;
                 }
-                let dev = &self.device;
-                let t0 = timeline.then(|| c.marker(dev, true)).transpose()?;
+                let t0 = timeline.then(|| c.marker(true)).transpose()?;
                 c.copy_h2d(hs, d)?;
                 if plan.chain {
-                    chained = Some(c.marker(dev, false)?);
+                    chained = Some(c.marker(false)?);
                 }
-                let t1 = timeline.then(|| c.marker(dev, true)).transpose()?;
+                let t1 = timeline.then(|| c.marker(true)).transpose()?;
                 c.kernel(kernel, d)?;
-                let t2 = timeline.then(|| c.marker(dev, true)).transpose()?;
+                let t2 = timeline.then(|| c.marker(true)).transpose()?;
                 c.copy_d2h(d, hd)?;
                 if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
-                    let t3 = c.marker(dev, true)?;
+                    let t3 = c.marker(true)?;
                     ev.push(ChunkEvents {
                         chunk: i,
                         stream: s,
@@ -389,7 +430,7 @@ impl Pipeline {
             }
             // Each stream's buffer is free once the stream has passed this point.
             for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
-                free[s] = Some(c.marker(&self.device, false)?);
+                free[s] = Some(c.marker(false)?);
             }
             Ok(())
         };
@@ -407,11 +448,11 @@ impl Pipeline {
             }
             let first = &self.streams[0];
             for s in &self.streams[1..streams] {
-                first.wait_event(&s.marker()?)?;
+                first.wait_mark(&s.marker()?)?;
             }
             first.record()
         };
-        let joined = last().map(|end| end.completion().clone());
+        let joined = last().map(Event::into_completion);
         if outcome.is_err() || joined.is_err() {
             // This run stopped part-way (or its end can't be observed), so the
             // next run can't be ordered after its use of the buffers: it gets
@@ -429,13 +470,15 @@ impl Pipeline {
                 Job::from_parts(all, bundle, value, Some(Box::new(scratch)))
             }
             Err(e) => {
+                let error = outcome.err().unwrap_or(e);
                 if enqueued > 0 && self.device.broken().is_none() {
                     // The end of queued work can't be observed: never free it.
                     std::mem::forget((bundle, scratch));
+                    return Job::failed(error, None);
                 }
                 // Otherwise (nothing queued, or a context broken for good, which
-                // runs nothing more) the buffers are released here.
-                Job::failed(outcome.err().unwrap_or(e))
+                // runs nothing more) the buffers are handed back.
+                Job::failed(error, Some(bundle))
             }
         }
     }
@@ -444,10 +487,13 @@ impl Pipeline {
 /// Enqueues a run in the engines layout: copy-in, compute and copy-out
 /// streams (`cmds[0..3]`), linked by events, over a ring of device buffers.
 fn enqueue_engines<'a>(
-    device: &Device,
     cmds: &mut [Commands<'a>],
     ranges: &[std::ops::Range<usize>],
-    (scratch, free): (&[Arc<DeviceBuffer<f32>>], &mut [Option<Event>]),
+    (scratch, slots, free): (
+        &dyn Fn(usize, usize) -> DeviceSliceMut<'a, f32>,
+        usize,
+        &mut [Option<Mark>],
+    ),
     kernel: Kernel,
     mut events: Option<&mut Vec<ChunkEvents>>,
     host: impl Fn(
@@ -462,13 +508,13 @@ fn enqueue_engines<'a>(
             "the engines layout needs exactly three streams".into(),
         ));
     };
-    let slots = scratch.len().max(1);
+    let slots = slots.max(1);
     let timeline = events.is_some();
     // D2H-done points of the chunks whose buffer is still to be reused.
     let mut out_done = std::collections::VecDeque::new();
     for (i, r) in ranges.iter().cloned().enumerate() {
         let (hs, hd) = host(r.clone());
-        let d = scratch[i % slots].view().range(0..r.len())?;
+        let d = scratch(i % slots, r.len());
         // The buffer's previous chunk (of this run, or else of an earlier
         // run) must be out before this one comes in.
         let prev = if i >= slots {
@@ -477,20 +523,20 @@ fn enqueue_engines<'a>(
             free.get_mut(i).and_then(Option::take)
         };
         if let Some(prev) = prev {
-            cin.wait_event(&prev)?;
+            cin.wait_mark(&prev)?;
         }
-        let t0 = timeline.then(|| cin.marker(device, true)).transpose()?;
+        let t0 = timeline.then(|| cin.marker(true)).transpose()?;
         cin.copy_h2d(hs, d)?;
         // Timed when drawing a timeline, so they serve as its points too.
-        let copied = cin.marker(device, timeline)?;
-        ck.wait_event(&copied)?;
+        let copied = cin.marker(timeline)?;
+        ck.wait_mark(&copied)?;
         ck.kernel(kernel, d)?;
-        let computed = ck.marker(device, timeline)?;
-        cout.wait_event(&computed)?;
+        let computed = ck.marker(timeline)?;
+        cout.wait_mark(&computed)?;
         cout.copy_d2h(d, hd)?;
-        out_done.push_back(cout.marker(device, false)?);
+        out_done.push_back(cout.marker(false)?);
         if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
-            let t3 = cout.marker(device, true)?;
+            let t3 = cout.marker(true)?;
             ev.push(ChunkEvents {
                 chunk: i,
                 stream: 0,

@@ -338,7 +338,9 @@ impl<T: Pod> PooledBuffer<T> {
         unsafe { raw_slice_mut(self.ptr(), self.len) }
     }
 
-    /// Address of the first element (for tests of reuse).
+    /// Address of the first element (for tests of reuse; a test hook).
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
     pub fn as_ptr(&self) -> *const T {
         self.ptr()
     }

@@ -17,12 +17,12 @@
 use crate::backend::{RawEvent, RawStream};
 use crate::completion::{Completion, Wait};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, JobError, Result};
 use crate::kernel::{Kernel, KernelCall};
-use crate::memory::{check_len, DeviceSlice, HostSlice, HostSliceMut, MappedFlag};
+use crate::memory::{check_len, overlaps, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 use bytemuck::Pod;
 use std::future::Future;
-use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -45,8 +45,9 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-/// A recorded point in a stream. Awaiting it waits for all work queued
-/// before it; a timed event can measure elapsed GPU time to a later one.
+/// A recorded point in a stream that can be awaited. Awaiting it waits for
+/// all work queued before it; a timed event can measure elapsed GPU time to
+/// a later one.
 pub struct Event {
     raw: RawEvent,
     device: Device,
@@ -56,13 +57,30 @@ impl std::fmt::Debug for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Event")
             .field("done", &self.raw.completion.is_done())
+            .field("timed", &self.raw.timing)
             .finish()
     }
+}
+
+/// Milliseconds between two recorded points of one device.
+fn elapsed(device: &Device, a: &RawEvent, b_device: &Device, b: &RawEvent) -> Result<f32> {
+    if device.id() != b_device.id() {
+        return Err(Error::InvalidArgument(
+            "elapsed time between events of two devices".into(),
+        ));
+    }
+    if !a.timing || !b.timing {
+        return Err(Error::NotTimed);
+    }
+    device.backend.elapsed_ms(&a.timer, &b.timer)
 }
 
 impl Event {
     /// A future that resolves when the work before the event has finished
     /// (with the fault, if the work failed).
+    ///
+    /// # Cancel safety
+    /// Dropping the future has no effect on the event or the work.
     pub fn wait(&self) -> Wait {
         self.raw.completion.wait()
     }
@@ -80,23 +98,72 @@ impl Event {
     /// Blocks in the driver's own event wait on the calling thread
     /// (`cuEventSynchronize`), bypassing the completion source: the baseline
     /// of the wake-latency benchmark. On the CPU backend, same as `synchronize`.
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
     pub fn synchronize_direct(&self) -> Result<()> {
+        self.synchronize_in_driver()
+    }
+
+    fn synchronize_in_driver(&self) -> Result<()> {
         match &self.raw.timer {
             crate::backend::Timer::Cuda(h) => h.synchronize(),
             crate::backend::Timer::Cpu(_) => self.synchronize(),
         }
     }
 
-    /// GPU milliseconds from this event to `later` (both timed and done).
+    /// GPU milliseconds from this event to `later`.
+    ///
+    /// # Errors
+    /// [`Error::NotTimed`] unless both were recorded with timing
+    /// ([`Stream::record_timed`], [`Commands::record_timed`]);
+    /// [`Error::NotReady`] unless both have completed; `InvalidArgument` for
+    /// events of two devices. The same on every backend.
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
-        self.device
-            .backend
-            .elapsed_ms(&self.raw.timer, &later.raw.timer)
+        if self.raw.timing && later.raw.timing && !(self.is_done() && later.is_done()) {
+            return Err(Error::NotReady);
+        }
+        elapsed(&self.device, &self.raw, &later.device, &later.raw)
     }
 
-    /// The completion signal behind the event.
-    pub fn completion(&self) -> &Completion {
-        &self.raw.completion
+    pub(crate) fn raw(&self) -> &RawEvent {
+        &self.raw
+    }
+
+    pub(crate) fn into_completion(self) -> Completion {
+        self.raw.completion
+    }
+}
+
+/// A timed point of a stream that only measures: the timeline of a pipeline
+/// run ([`crate::RunInfo::timeline`]) is made of them. It cannot be awaited
+/// (no completion source watches it, so recording it disturbs nothing it
+/// measures); the run that recorded it has finished by the time you get it.
+pub struct Mark {
+    raw: RawEvent,
+    device: Device,
+}
+
+impl std::fmt::Debug for Mark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mark")
+            .field("timed", &self.raw.timing)
+            .finish()
+    }
+}
+
+impl Mark {
+    /// GPU milliseconds from this mark to `later`.
+    ///
+    /// # Errors
+    /// [`Error::NotTimed`] for an untimed mark, [`Error::NotReady`] when the
+    /// stream has not reached one of them, `InvalidArgument` for marks of two
+    /// devices. The same on every backend.
+    pub fn elapsed_ms(&self, later: &Mark) -> Result<f32> {
+        elapsed(&self.device, &self.raw, &later.device, &later.raw)
+    }
+
+    pub(crate) fn raw(&self) -> &RawEvent {
+        &self.raw
     }
 }
 
@@ -104,8 +171,10 @@ impl Stream {
     /// A new stream on `device`. Created non-blocking: it never synchronizes
     /// implicitly with the legacy default stream, so streams overlap.
     pub fn new(device: &Device) -> Result<Stream> {
+        let raw: Arc<dyn RawStream> = Arc::from(device.backend.new_stream()?);
+        device.register_stream(&raw);
         Ok(Stream {
-            raw: Arc::from(device.backend.new_stream()?),
+            raw,
             device: device.clone(),
         })
     }
@@ -131,10 +200,10 @@ impl Stream {
         })
     }
 
-    /// A point for other streams to wait on ([`Stream::wait_event`]); it
-    /// cannot be awaited (on CUDA nothing watches it, which keeps it cheap).
-    pub(crate) fn marker(&self) -> Result<Event> {
-        Ok(Event {
+    /// A point for other streams to wait on; it cannot be awaited (on CUDA
+    /// nothing watches it, which keeps it cheap).
+    pub(crate) fn marker(&self) -> Result<Mark> {
+        Ok(Mark {
             raw: self.raw.marker(false)?,
             device: self.device.clone(),
         })
@@ -143,13 +212,22 @@ impl Stream {
     /// Makes work queued later on this stream wait for `event` (which may
     /// belong to another stream): cross-stream ordering without the host.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        if event.device.id() != self.device.id() {
-            return Err(Error::InvalidArgument("event of another device".into()));
-        }
-        self.raw.wait(&event.raw)
+        self.wait_raw(&event.device, event.raw())
     }
 
-    /// Blocks until all queued work has finished (synchronous code only).
+    pub(crate) fn wait_mark(&self, mark: &Mark) -> Result<()> {
+        self.wait_raw(&mark.device, mark.raw())
+    }
+
+    fn wait_raw(&self, device: &Device, raw: &RawEvent) -> Result<()> {
+        if device.id() != self.device.id() {
+            return Err(Error::InvalidArgument("event of another device".into()));
+        }
+        self.raw.wait(raw)
+    }
+
+    /// Blocks until all queued work on this stream has finished (synchronous
+    /// code only).
     pub fn synchronize(&self) -> Result<()> {
         self.record()?.synchronize()
     }
@@ -158,40 +236,97 @@ impl Stream {
     fn commands(&self) -> Commands<'_> {
         Commands {
             raw: &*self.raw,
-            device_id: self.device.id(),
+            device: &self.device,
             enqueued: 0,
-            _p: PhantomData,
+        }
+    }
+
+    /// Runs `f` on a fresh batch, and deals with a panic in it: the commands
+    /// `f` enqueued before panicking still run, so the bundle is released
+    /// only when they are done (deferred to their completion), and then the
+    /// panic goes on.
+    fn enqueue<B, R, F>(&self, bundle: &mut Option<B>, f: F) -> (Result<R>, usize)
+    where
+        B: Send + 'static,
+        F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
+    {
+        let mut cmds = self.commands();
+        let outcome = match bundle.as_mut() {
+            Some(b) => std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut cmds, b))),
+            None => Ok(Err(Error::Internal("no bundle".into()))),
+        };
+        let enqueued = cmds.enqueued;
+        match outcome {
+            Ok(outcome) => (outcome, enqueued),
+            Err(panic) => {
+                if let Some(b) = bundle.take() {
+                    self.release_when_done(b, enqueued);
+                }
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Drops `bundle` once the `enqueued` commands queued for it are done,
+    /// without blocking; leaks it if their end can't be observed.
+    fn release_when_done<B: Send + 'static>(&self, bundle: B, enqueued: usize) {
+        if enqueued == 0 {
+            drop(bundle);
+            return;
+        }
+        match self.raw.record(false) {
+            Ok(ev) => ev.completion.defer(move || drop(bundle)),
+            Err(_) => self.abandon(bundle, enqueued).map_or((), drop),
         }
     }
 
     /// Enqueues the commands `f` issues against `bundle` and returns a job that
     /// hands the bundle (and `f`'s value) back once the GPU is done with it.
     ///
-    /// `f` borrows host memory out of the bundle for the whole enqueue, so it
-    /// cannot touch a host buffer after handing it to a copy. If `f` fails
-    /// after enqueuing some commands, the job still holds the bundle until
-    /// those have finished, then resolves to the error.
-    pub fn run<B, R, F>(&self, mut bundle: B, f: F) -> Job<B, R>
+    /// `f` gets the bundle by `&'a mut` and the batch as `Commands<'a>`: every
+    /// view a command takes (host or device) must be borrowed from the bundle
+    /// for `'a`, so a command can touch no memory the job does not own, and
+    /// `f` cannot use a host buffer after handing it to a copy.
+    ///
+    /// # Errors
+    /// The job resolves to a [`JobError`] carrying the bundle back:
+    /// - when `f` returns an error (a bad length, a buffer of another device,
+    ///   overlapping operands): once the commands it enqueued before the
+    ///   error have finished;
+    /// - when the GPU work faulted ([`Error::ContextBroken`]).
+    ///
+    /// Only when the end of enqueued work can't be observed on a live
+    /// context (recording the final point failed) is the bundle leaked
+    /// instead (`bundle: None`): freeing it could free memory in use.
+    ///
+    /// # Panics
+    /// A panic in `f` is passed on after the batch is closed: the commands it
+    /// enqueued still run and the bundle is dropped when they are done, never
+    /// earlier.
+    ///
+    /// # Cancel safety
+    /// The work is enqueued by this call, before the job is first polled.
+    /// Dropping the job at any point never cancels that work and never frees
+    /// or reuses the bundle early: an unfinished job's bundle is dropped by
+    /// the completion source when the GPU is done with it (pool buffers go
+    /// back to their pool then). Dropping it never blocks.
+    pub fn run<B, R, F>(&self, bundle: B, f: F) -> Job<B, R>
     where
         B: Send + 'static,
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
-        let mut cmds = self.commands();
-        let outcome = f(&mut cmds, &mut bundle);
-        let enqueued = cmds.enqueued;
-        let state = match (outcome, self.raw.record(false)) {
-            (outcome, Ok(ev)) => JobState::Pending {
-                completion: ev.completion,
-                bundle,
-                value: Some(outcome),
-                keep: None,
-            },
-            (outcome, Err(record_err)) => {
-                self.abandon(bundle, enqueued);
-                JobState::Failed(Some(outcome.err().unwrap_or(record_err)))
-            }
+        let mut slot = Some(bundle);
+        let (outcome, enqueued) = self.enqueue(&mut slot, f);
+        let Some(bundle) = slot else {
+            return Job::failed(Error::Internal("bundle lost".into()), None);
         };
-        Job { state }
+        match self.raw.record(false) {
+            Ok(ev) => Job::from_parts(ev.completion, bundle, outcome, None),
+            Err(record_err) => {
+                let bundle = self.abandon(bundle, enqueued);
+                Job::failed(outcome.err().unwrap_or(record_err), bundle)
+            }
+        }
     }
 
     /// The synchronous twin of [`Stream::run`]: enqueues the commands `f`
@@ -200,46 +335,61 @@ impl Stream {
     /// involved) until the GPU is done, and hands the bundle back. For
     /// synchronous code only: never call it on an executor thread.
     ///
-    /// If `f` fails, the error is returned once what it did enqueue has
-    /// finished. If the wait itself fails, the bundle is released only when
-    /// that is safe (nothing enqueued, or the context broken for good), and
-    /// leaked otherwise, as for [`Stream::run`].
-    pub fn run_sync<B, R, F>(&self, mut bundle: B, f: F) -> Result<(B, R)>
+    /// # Errors
+    /// As [`Stream::run`]: a [`JobError`] with the bundle once what `f`
+    /// enqueued has finished. If the wait itself fails on a live context the
+    /// bundle is leaked (`bundle: None`) rather than freed under the GPU.
+    ///
+    /// # Panics
+    /// As [`Stream::run`].
+    pub fn run_sync<B, R, F>(&self, bundle: B, f: F) -> Result<(B, R), JobError<B>>
     where
+        B: Send + 'static,
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
-        let mut cmds = self.commands();
-        let outcome = f(&mut cmds, &mut bundle);
-        let enqueued = cmds.enqueued;
-        if enqueued == 0 {
-            return outcome.map(|v| (bundle, v));
-        }
-        let waited = self.raw.marker(false).and_then(|raw| {
-            Event {
-                raw,
-                device: self.device.clone(),
-            }
-            .synchronize_direct()
-        });
-        match waited {
-            Ok(()) => outcome.map(|v| (bundle, v)),
-            Err(e) => {
-                self.abandon(bundle, enqueued);
-                Err(e)
+        let mut slot = Some(bundle);
+        let (outcome, enqueued) = self.enqueue(&mut slot, f);
+        let Some(bundle) = slot else {
+            return Err(JobError {
+                error: Error::Internal("bundle lost".into()),
+                bundle: None,
+            });
+        };
+        let waited = if enqueued == 0 {
+            Ok(())
+        } else {
+            self.raw.marker(false).and_then(|raw| {
+                Event {
+                    raw,
+                    device: self.device.clone(),
+                }
+                .synchronize_in_driver()
+            })
+        };
+        match (waited, outcome) {
+            (Ok(()), Ok(v)) => Ok((bundle, v)),
+            (Ok(()), Err(error)) => Err(JobError {
+                error,
+                bundle: Some(bundle),
+            }),
+            (Err(error), _) => {
+                let bundle = self.abandon(bundle, enqueued);
+                Err(JobError { error, bundle })
             }
         }
     }
 
     /// Lets go of a bundle whose `enqueued` commands can't be seen to finish.
     /// Work was queued but its end can't be observed: never free what the GPU
-    /// might still touch, so it is leaked. Nothing queued, or the context
-    /// broken for good (a broken CUDA context runs nothing more, and its
-    /// driver refuses to free): releasing the buffers is safe.
-    fn abandon<B>(&self, bundle: B, enqueued: usize) {
+    /// might still touch, so it is leaked (`None`). Nothing queued, or the
+    /// context broken for good (a broken context runs nothing more): the
+    /// bundle is safe to hand back.
+    fn abandon<B>(&self, bundle: B, enqueued: usize) -> Option<B> {
         if enqueued > 0 && self.device.broken().is_none() {
             std::mem::forget(bundle);
+            None
         } else {
-            drop(bundle);
+            Some(bundle)
         }
     }
 
@@ -253,7 +403,7 @@ impl Stream {
         H: crate::PinnedHost<T> + Send + 'static,
         T: Pod,
     {
-        self.run((src, dst), |c, (h, d)| c.copy_h2d(h.host(), d.view()))
+        self.run((src, dst), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))
     }
 
     /// Copies device memory to pinned host memory; hands both back when done.
@@ -275,18 +425,18 @@ impl Stream {
         kernel: Kernel,
         x: crate::DeviceBuffer<f32>,
     ) -> Job<crate::DeviceBuffer<f32>, ()> {
-        self.run(x, |c, x| c.kernel(kernel, x.view()))
+        self.run(x, |c, x| c.kernel(kernel, x.view_mut()))
     }
 }
 
 /// The commands of one [`Stream::run`] batch. `'a` is the borrow of the
-/// job's bundle: host memory handed to a command stays borrowed until the
-/// batch ends, and then the job owns it until completion.
+/// job's bundle: every view given to a command (host or device) must live
+/// for `'a`, i.e. come out of the bundle, which the job owns until the GPU
+/// is done.
 pub struct Commands<'a> {
     raw: &'a dyn RawStream,
-    device_id: usize,
+    device: &'a Device,
     enqueued: usize,
-    _p: PhantomData<&'a mut ()>,
 }
 
 impl<'a> Commands<'a> {
@@ -301,9 +451,8 @@ impl<'a> Commands<'a> {
     pub(crate) unsafe fn unbound(stream: &'a Stream) -> Commands<'a> {
         Commands {
             raw: &*stream.raw,
-            device_id: stream.device.id(),
+            device: &stream.device,
             enqueued: 0,
-            _p: PhantomData,
         }
     }
 
@@ -313,7 +462,7 @@ impl<'a> Commands<'a> {
     }
 
     fn same_device(&self, id: usize) -> Result<()> {
-        if id != self.device_id {
+        if id != self.device.id() {
             return Err(Error::InvalidArgument(
                 "a buffer of another device (or backend) was given to this stream".into(),
             ));
@@ -322,10 +471,13 @@ impl<'a> Commands<'a> {
     }
 
     /// Async host-to-device copy (`cuMemcpyHtoDAsync`); lengths must match.
+    ///
+    /// # Errors
+    /// `LengthMismatch`; `InvalidArgument` for memory of another device.
     pub fn copy_h2d<T: Pod>(
         &mut self,
         src: HostSlice<'a, T>,
-        dst: DeviceSlice<'_, T>,
+        dst: DeviceSliceMut<'a, T>,
     ) -> Result<()> {
         self.same_device(src.device_id)?;
         self.same_device(dst.device_id)?;
@@ -336,18 +488,23 @@ impl<'a> Commands<'a> {
         )?;
         let bytes = std::mem::size_of::<T>() * src.len;
         // SAFETY: src is pinned memory borrowed for 'a and then owned by the
-        // job until completion; dst is device memory of the same owner.
+        // job until completion; dst is device memory borrowed exclusively from
+        // the same bundle for 'a.
         unsafe { self.raw.copy_h2d(dst.addr, src.ptr.cast(), bytes)? };
         self.enqueued += 1;
         Ok(())
     }
 
     /// Async device-to-host copy (`cuMemcpyDtoHAsync`); lengths must match.
+    ///
+    /// # Errors
+    /// `LengthMismatch`; `InvalidArgument` for memory of another device.
     pub fn copy_d2h<T: Pod>(
         &mut self,
-        src: DeviceSlice<'_, T>,
+        src: impl Into<DeviceSlice<'a, T>>,
         dst: HostSliceMut<'a, T>,
     ) -> Result<()> {
+        let src = src.into();
         self.same_device(src.device_id)?;
         self.same_device(dst.device_id)?;
         check_len(
@@ -363,15 +520,26 @@ impl<'a> Commands<'a> {
     }
 
     /// Async device-to-device copy; lengths must match.
+    ///
+    /// # Errors
+    /// `LengthMismatch`; [`Error::Overlap`] when the ranges share memory;
+    /// `InvalidArgument` for memory of another device.
     pub fn copy_d2d<T: Pod>(
         &mut self,
-        src: DeviceSlice<'_, T>,
-        dst: DeviceSlice<'_, T>,
+        src: impl Into<DeviceSlice<'a, T>>,
+        dst: DeviceSliceMut<'a, T>,
     ) -> Result<()> {
+        let src = src.into();
         self.same_device(src.device_id)?;
         self.same_device(dst.device_id)?;
         check_len("copy_d2d (destination vs source)", src.len, dst.len)?;
-        // SAFETY: device memory owned by the job; stream order serialises access.
+        if overlaps(src, dst.into()) {
+            return Err(Error::Overlap {
+                what: "copy_d2d (source and destination)",
+            });
+        }
+        // SAFETY: device memory borrowed from the bundle for 'a; stream order
+        // serialises access; the ranges are disjoint.
         unsafe {
             self.raw
                 .copy_d2d(dst.addr, src.addr, std::mem::size_of::<T>() * src.len)?
@@ -381,23 +549,38 @@ impl<'a> Commands<'a> {
     }
 
     /// Applies an elementwise kernel to `x` in place.
-    pub fn kernel(&mut self, kernel: Kernel, x: DeviceSlice<'_, f32>) -> Result<()> {
+    ///
+    /// # Errors
+    /// `InvalidArgument` for memory of another device.
+    pub fn kernel(&mut self, kernel: Kernel, x: DeviceSliceMut<'a, f32>) -> Result<()> {
         self.same_device(x.device_id)?;
-        // SAFETY: x is device memory owned by the job for the kernel's length.
+        // SAFETY: x is device memory borrowed from the bundle for 'a.
         unsafe { self.launch_raw(&kernel.call(x.addr, x.len)) }
     }
 
-    /// `y = a * x + y` (fused multiply-add); lengths must match.
+    /// `y = a * x + y` (fused multiply-add); lengths must match. `x` may be
+    /// `y` itself (the same range), but not partly overlap it.
+    ///
+    /// # Errors
+    /// `LengthMismatch`; [`Error::Overlap`]; `InvalidArgument` for memory of
+    /// another device.
     pub fn saxpy(
         &mut self,
         a: f32,
-        x: DeviceSlice<'_, f32>,
-        y: DeviceSlice<'_, f32>,
+        x: impl Into<DeviceSlice<'a, f32>>,
+        y: DeviceSliceMut<'a, f32>,
     ) -> Result<()> {
+        let x = x.into();
         self.same_device(x.device_id)?;
         self.same_device(y.device_id)?;
         check_len("saxpy (y vs x)", x.len, y.len)?;
-        // SAFETY: device memory owned by the job; stream order serialises access.
+        if x.addr != y.addr && overlaps(x, y.into()) {
+            return Err(Error::Overlap {
+                what: "saxpy (x partly overlaps y)",
+            });
+        }
+        // SAFETY: device memory borrowed from the bundle for 'a; stream order
+        // serialises access; x is y or disjoint from it.
         unsafe {
             self.launch_raw(&KernelCall::Saxpy {
                 a,
@@ -408,10 +591,13 @@ impl<'a> Commands<'a> {
         }
     }
 
-    /// Holds the stream until `flag` is set by the host (a GPU-side gate).
-    pub fn gate(&mut self, flag: &'a MappedFlag) -> Result<()> {
+    /// Holds the stream until `flag` is set by the host (a GPU-side gate;
+    /// a test hook).
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
+    pub fn gate(&mut self, flag: &'a crate::memory::MappedFlag) -> Result<()> {
         self.same_device(flag.device_id())?;
-        // SAFETY: the flag outlives 'a, and the job holds the bundle that owns it.
+        // SAFETY: the flag is borrowed for 'a, from the bundle that owns it.
         unsafe {
             self.launch_raw(&KernelCall::GateWait {
                 flag: flag.device_addr(),
@@ -420,32 +606,49 @@ impl<'a> Commands<'a> {
     }
 
     /// Launches the `trap` kernel: breaks the context (fault tests only).
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
     pub fn trap(&mut self) -> Result<()> {
         // SAFETY: the kernel touches no memory.
         unsafe { self.launch_raw(&KernelCall::Trap) }
     }
 
-    /// Orders the rest of this batch after `event`.
+    /// Orders the rest of this batch after `event` (of any stream of the
+    /// same device).
     pub fn wait_event(&mut self, event: &Event) -> Result<()> {
         self.same_device(event.device.id())?;
-        self.raw.wait(&event.raw)
+        self.raw.wait(event.raw())
+    }
+
+    pub(crate) fn wait_mark(&mut self, mark: &Mark) -> Result<()> {
+        self.same_device(mark.device.id())?;
+        self.raw.wait(mark.raw())
     }
 
     /// Records a point that other streams' commands can wait for; with
-    /// `timing`, it can also be measured (`elapsed_ms`). Never awaited, so no
-    /// completion source watches it and it disturbs nothing it measures.
-    pub(crate) fn marker(&mut self, device: &Device, timing: bool) -> Result<Event> {
-        Ok(Event {
+    /// `timing`, it can also be measured. Never awaited, so no completion
+    /// source watches it and it disturbs nothing it measures.
+    pub(crate) fn marker(&mut self, timing: bool) -> Result<Mark> {
+        Ok(Mark {
             raw: self.raw.marker(timing)?,
-            device: device.clone(),
+            device: self.device.clone(),
         })
     }
 
-    /// Records a timed event at this point of the batch.
-    pub fn record_timed(&mut self, device: &Device) -> Result<Event> {
+    /// Records an awaitable point at this place of the batch (for other
+    /// streams to wait on, or to await part of a batch).
+    pub fn record(&mut self) -> Result<Event> {
+        Ok(Event {
+            raw: self.raw.record(false)?,
+            device: self.device.clone(),
+        })
+    }
+
+    /// Records a timed event at this place of the batch.
+    pub fn record_timed(&mut self) -> Result<Event> {
         Ok(Event {
             raw: self.raw.record(true)?,
-            device: device.clone(),
+            device: self.device.clone(),
         })
     }
 
@@ -463,19 +666,35 @@ enum JobState<B, R> {
     Pending {
         completion: Completion,
         bundle: B,
-        value: Option<Result<R>>,
+        value: Result<R>,
         /// Owned by the job until completion, never handed back.
         keep: Option<Box<dyn Send>>,
     },
-    Failed(Option<Error>),
+    Failed {
+        error: Error,
+        bundle: Option<B>,
+    },
     Done,
 }
 
-/// A batch of GPU work in flight; resolves to `(bundle, value)` when done.
-/// See the module docs for the cancellation rule.
+/// A batch of GPU work in flight; resolves to `(bundle, value)` when done,
+/// or to a [`JobError`] that hands the bundle back.
+///
+/// # Cancel safety
+/// The work was enqueued when the job was made; dropping the job never
+/// cancels it. An unfinished job's bundle is dropped by the completion source
+/// when the GPU is done with it (pool buffers return to their pool then),
+/// never earlier; `drop` never blocks. [`crate::Device::synchronize`] waits
+/// for those releases too.
 #[must_use = "dropping a job does not cancel the GPU work; await it to get the buffers back"]
 pub struct Job<B: Send + 'static, R> {
     state: JobState<B, R>,
+}
+
+impl<B: Send + 'static, R> std::fmt::Debug for Job<B, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("done", &self.is_done()).finish()
+    }
 }
 
 impl<B: Send + 'static, R> Job<B, R> {
@@ -491,32 +710,25 @@ impl<B: Send + 'static, R> Job<B, R> {
             state: JobState::Pending {
                 completion,
                 bundle,
-                value: Some(value),
+                value,
                 keep,
             },
         }
     }
 
-    /// A job that failed before any work was queued for it.
-    pub(crate) fn failed(e: Error) -> Self {
+    /// A job that failed with no work of its own left in flight; `bundle` is
+    /// handed back with the error (`None`: leaked, see [`JobError`]).
+    pub(crate) fn failed(error: Error, bundle: Option<B>) -> Self {
         Job {
-            state: JobState::Failed(Some(e)),
+            state: JobState::Failed { error, bundle },
         }
     }
 
-    /// Whether the GPU has finished the job's work.
+    /// Whether the job's work has finished (it then resolves at once).
     pub fn is_done(&self) -> bool {
         match &self.state {
             JobState::Pending { completion, .. } => completion.is_done(),
             _ => true,
-        }
-    }
-
-    /// The completion signal of the job (e.g. to join several jobs).
-    pub fn completion(&self) -> Option<&Completion> {
-        match &self.state {
-            JobState::Pending { completion, .. } => Some(completion),
-            _ => None,
         }
     }
 }
@@ -524,42 +736,39 @@ impl<B: Send + 'static, R> Job<B, R> {
 impl<B: Send + 'static, R> Unpin for Job<B, R> {}
 
 impl<B: Send + 'static, R> Future for Job<B, R> {
-    type Output = Result<(B, R)>;
+    type Output = Result<(B, R), JobError<B>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let done = match &mut self.state {
-            JobState::Pending { completion, .. } => match completion.poll_done(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(r) => r,
-            },
-            JobState::Failed(e) => {
-                let e = e
-                    .take()
-                    .unwrap_or(Error::InvalidArgument("job polled after completion".into()));
-                self.state = JobState::Done;
-                return Poll::Ready(Err(e));
+        if let JobState::Pending { completion, .. } = &self.state {
+            if completion.poll_done(cx).is_pending() {
+                return Poll::Pending;
             }
-            JobState::Done => {
-                return Poll::Ready(Err(Error::InvalidArgument(
-                    "job polled after completion".into(),
-                )))
-            }
-        };
-        match std::mem::replace(&mut self.state, JobState::Done) {
+        }
+        Poll::Ready(match std::mem::replace(&mut self.state, JobState::Done) {
             JobState::Pending {
+                completion,
                 bundle,
                 value,
                 keep,
-                ..
             } => {
                 drop(keep);
-                let value = value.unwrap_or(Err(Error::InvalidArgument("job value taken".into())));
-                Poll::Ready(done.and(value).map(|v| (bundle, v)))
+                let done = completion
+                    .result()
+                    .unwrap_or(Err(Error::Internal("completion without a result".into())));
+                match done.and(value) {
+                    Ok(v) => Ok((bundle, v)),
+                    Err(error) => Err(JobError {
+                        error,
+                        bundle: Some(bundle),
+                    }),
+                }
             }
-            _ => Poll::Ready(Err(Error::InvalidArgument(
-                "job polled after completion".into(),
-            ))),
-        }
+            JobState::Failed { error, bundle } => Err(JobError { error, bundle }),
+            JobState::Done => Err(JobError {
+                error: Error::InvalidArgument("job polled after it resolved".into()),
+                bundle: None,
+            }),
+        })
     }
 }
 

@@ -5,13 +5,11 @@
 //! bound: all bytes in and all bytes out at once, as two whole-array copies
 //! on two streams, which no schedule of these copies can beat.
 
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::kernel::Kernel;
-use crate::memory::{DeviceBuffer, PinnedHost};
-use crate::pipeline::{Pipeline, Plan};
-use crate::pool::{PinnedPool, PooledBuffer};
-use crate::stream::Stream;
+use host::testing::{random_floats, verify};
+use host::{
+    Device, DeviceBuffer, Error, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, PooledBuffer,
+    Result, Stream,
+};
 use std::time::Instant;
 
 /// Results of one comparison (milliseconds are medians over the repetitions).
@@ -63,32 +61,6 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
-}
-
-/// Fresh random floats in [-1, 1), never zero.
-pub fn random_floats(out: &mut [f32], seed: u64) {
-    let mut rng = fastrand_lite(seed);
-    for v in out {
-        let x = rng();
-        *v = if x == 0.0 { 0.5 } else { x };
-    }
-}
-
-/// A small xorshift generator: the library needs random test data without
-/// pulling a dependency into users' builds.
-fn fastrand_lite(seed: u64) -> impl FnMut() -> f32 {
-    // Scramble the seed (splitmix64's finalizer): a small seed fed straight to
-    // xorshift gives a long run of values near -1.0 before it mixes.
-    let mut s = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    s = (s ^ (s >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    s = (s ^ (s >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    let mut s = (s ^ (s >> 31)) | 1;
-    move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 }
 
 /// What to compare.
@@ -238,42 +210,6 @@ pub async fn compare(
     })
 }
 
-/// Checks `output` against the CPU reference of `kernel` on `input`, bit for
-/// bit, on all CPU threads: `(elements checked, mismatches)`.
-pub fn verify(kernel: Kernel, input: &[f32], output: &[f32]) -> (usize, usize) {
-    let n = input.len().min(output.len());
-    let work = match kernel {
-        Kernel::Intensity { k } => n as u64 * k.max(1) as u64,
-        Kernel::Scale { .. } => n as u64,
-    };
-    let indices: Vec<usize> = if work <= 4_000_000_000 {
-        (0..n).collect()
-    } else {
-        let mut next = fastrand_lite(0xA5A5);
-        let mut v: Vec<usize> = (0..n.min(4096)).chain(n.saturating_sub(4096)..n).collect();
-        v.extend((0..1_000_000).map(|_| ((next() + 1.0) * 0.5 * n as f32) as usize % n.max(1)));
-        v
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let chunk = indices.len().div_ceil(threads).max(1);
-    let bad: usize = std::thread::scope(|s| {
-        indices
-            .chunks(chunk)
-            .map(|c| {
-                s.spawn(move || {
-                    c.iter()
-                        .filter(|&&i| kernel.reference(input[i]).to_bits() != output[i].to_bits())
-                        .count()
-                })
-            })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|h| h.join().unwrap_or(usize::MAX / threads))
-            .sum()
-    });
-    (indices.len(), bad)
-}
-
 /// The bidirectional copy bound: median wall time of copying `n` floats in
 /// on one stream while `n` floats go out on another, with no dependency
 /// between the two, for several chunkings (whole arrays, 4, 8, 16 and 32
@@ -368,23 +304,3 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
     Ok(c)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn random_floats_spread_from_the_first_value_even_for_small_seeds() {
-        for seed in [0u64, 1, 3, 5] {
-            let mut v = vec![0f32; 1000];
-            random_floats(&mut v, seed);
-            assert!(v.iter().all(|x| (-1.0..1.0).contains(x) && *x != 0.0));
-            let first: Vec<_> = v[..8].to_vec();
-            assert!(
-                first.windows(2).all(|w| w[0] != w[1]),
-                "seed {seed}: {first:?}"
-            );
-            let mean = v.iter().map(|x| *x as f64).sum::<f64>() / v.len() as f64;
-            assert!(mean.abs() < 0.1, "seed {seed}: mean {mean}");
-        }
-    }
-}

@@ -1,0 +1,1 @@
+//! What the types guarantee (placeholder, filled below).
