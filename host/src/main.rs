@@ -66,6 +66,12 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         reps: usize,
     },
+    /// The task's `compare_sync_async(size)`: sync vs pipelined for one size,
+    /// printed (the device comes from HOST_BACKEND).
+    CompareSyncAsync {
+        #[arg(long, default_value_t = 10_000_000)]
+        size: usize,
+    },
     /// Sync vs pipelined over sizes.
     Sweep {
         #[arg(
@@ -155,6 +161,7 @@ fn run(cli: Cli) -> host::Result<()> {
             rt.block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out))
                 .map(|_| ())
         }
+        Cmd::CompareSyncAsync { size } => demo::compare::compare_sync_async(size).map(|_| ()),
         Cmd::Sweep { sizes } => {
             let pipe = host::Pipeline::new(&device, 4)?;
             rt.block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))

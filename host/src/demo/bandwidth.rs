@@ -5,6 +5,7 @@
 
 use super::report::{median, Meta};
 use futures::executor::block_on;
+use futures::TryFutureExt;
 use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
 use serde::Serialize;
 use std::time::Instant;
@@ -78,7 +79,7 @@ pub fn run(
         let n = bytes / 4;
         let reps = if bytes >= 256 << 20 { 11 } else { 21 };
         let mut src = PinnedBuffer::<f32>::new(device, n)?;
-        host::compare::random_floats(src.as_mut_slice(), 3);
+        host::testing::random_floats(src.as_mut_slice(), 3);
         let mut dst = PinnedBuffer::<f32>::new(device, n)?;
         let mut dev = DeviceBuffer::<f32>::new(device, n)?;
         let mut dev2 = DeviceBuffer::<f32>::new(device, n)?;
@@ -107,7 +108,8 @@ pub fn run(
             let t = Instant::now();
             let up = stream.copy_h2d(src, dev);
             let down = stream2.run((dev2, dst), |c, (d, h)| c.copy_d2h(d.view(), h.host_mut()));
-            let (((s, d), ()), ((d2, o), ())) = block_on(futures::future::try_join(up, down))?;
+            let (((s, d), ()), ((d2, o), ())) =
+                block_on(futures::future::try_join(up.err_into::<host::Error>(), down.err_into()))?;
             bi.push(t.elapsed().as_secs_f64() * 1e3);
             (src, dev, dev2, dst) = (s, d, d2, o);
         }

@@ -5,6 +5,7 @@
 //! bound: all bytes in and all bytes out at once, as two whole-array copies
 //! on two streams, which no schedule of these copies can beat.
 
+use futures::TryFutureExt;
 use host::testing::{random_floats, verify};
 use host::{
     Device, DeviceBuffer, Error, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, PooledBuffer,
@@ -234,9 +235,10 @@ pub async fn bidirectional_ms(
         for _ in 0..=reps {
             let t = Instant::now();
             let up = s1.run((hin, d1), |c, (h, d)| {
+                let d = d.view_mut();
                 for i in 0..plan.chunks {
                     let r = plan.chunk(i, n);
-                    c.copy_h2d(h.host().range(r.clone())?, d.view().range(r)?)?;
+                    c.copy_h2d(h.host().range(r.clone())?, d.range(r)?)?;
                 }
                 Ok(())
             });
@@ -250,7 +252,9 @@ pub async fn bidirectional_ms(
                 }
                 Ok(())
             });
-            let (((a, b), ()), ((c, d), ())) = futures::future::try_join(up, down).await?;
+            let (((a, b), ()), ((c, d), ())) =
+                futures::future::try_join(up.err_into::<Error>(), down.err_into::<Error>())
+                    .await?;
             times.push(ms(t));
             (hin, d1, d2, hout) = (a, b, c, d);
         }

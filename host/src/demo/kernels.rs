@@ -61,9 +61,10 @@ fn on_device(
     let output = PinnedBuffer::<f32>::new(device, x.len())?;
     let dev = DeviceBuffer::<f32>::new(device, x.len())?;
     let ((_, _, output), ()) = block_on(stream.run((input, dev, output), |c, (i, d, o)| {
-        c.copy_h2d(i.host(), d.view())?;
-        c.kernel(kernel, d.view())?;
-        c.copy_d2h(d.view(), o.host_mut())
+        let d = d.view_mut();
+        c.copy_h2d(i.host(), d)?;
+        c.kernel(kernel, d)?;
+        c.copy_d2h(d, o.host_mut())
     }))?;
     Ok(output)
 }
@@ -103,10 +104,11 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
     let ((_, _, out, _, _), ()) = block_on(stream.run(
         (xs, ys, out, dx, dy),
         |c, (xs, ys, out, dx, dy)| {
-            c.copy_h2d(xs.host(), dx.view())?;
-            c.copy_h2d(ys.host(), dy.view())?;
-            c.saxpy(a, dx.view(), dy.view())?;
-            c.copy_d2h(dy.view(), out.host_mut())
+            let (dx, dy) = (dx.view_mut(), dy.view_mut());
+            c.copy_h2d(xs.host(), dx)?;
+            c.copy_h2d(ys.host(), dy)?;
+            c.saxpy(a, dx, dy)?;
+            c.copy_d2h(dy, out.host_mut())
         },
     ))?;
     let mut want = vec![0f32; n];
@@ -131,15 +133,16 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         DeviceBuffer::<f32>::new(device, n)?,
     );
     let ((_, d1, d2), times) = block_on(stream.run((src, d1, d2), |c, (s, d1, d2)| {
-        c.copy_h2d(s.host(), d1.view())?;
+        let (d1, d2) = (d1.view_mut(), d2.view_mut());
+        c.copy_h2d(s.host(), d1)?;
         let mut evs = Vec::new();
         // One warm-up of each, then alternate so drift hits both alike.
         for i in 0..=reps {
-            let a = c.record_timed(device)?;
-            c.kernel(Kernel::Scale { s: 1.0 }, d1.view())?;
-            let b = c.record_timed(device)?;
-            c.copy_d2d(d1.view(), d2.view())?;
-            let e = c.record_timed(device)?;
+            let a = c.record_timed()?;
+            c.kernel(Kernel::Scale { s: 1.0 }, d1)?;
+            let b = c.record_timed()?;
+            c.copy_d2d(d1, d2)?;
+            let e = c.record_timed()?;
             if i > 0 {
                 evs.push((a, b, e));
             }

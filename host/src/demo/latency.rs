@@ -353,7 +353,7 @@ async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> host::Result
 /// thread (`run_sync`: no completion thread involved).
 fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
     for _ in 0..n {
-        (b, ()) = stream.run_sync(b, |c, (h, d)| c.copy_h2d(h.host(), d.view()))?;
+        (b, ()) = stream.run_sync(b, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))?;
     }
     Ok(b)
 }

@@ -103,7 +103,7 @@ pub fn run(
                 while Instant::now() < deadline {
                     let n = rng.usize(1_000..max_n);
                     let mut input = pool.alloc::<f32>(n)?;
-                    host::compare::random_floats(input.as_mut_slice(), rng.u64(..));
+                    host::testing::random_floats(input.as_mut_slice(), rng.u64(..));
                     let output = pool.alloc::<f32>(n)?;
                     let kernel = if rng.bool() {
                         Kernel::Scale { s: 0.75 }
@@ -112,7 +112,7 @@ pub fn run(
                     };
                     let ((input, d, output), ()) = stream
                         .run((input, dev, output), move |c, (i, d, o)| {
-                            let v = d.view().range(0..n)?;
+                            let v = d.view_mut().range(0..n)?;
                             c.copy_h2d(i.host(), v)?;
                             c.kernel(kernel, v)?;
                             c.copy_d2h(v, o.host_mut())

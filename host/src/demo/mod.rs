@@ -1,6 +1,7 @@
 //! The demonstration's parts; each is a subcommand, and `demo` runs them all.
 
 pub mod bandwidth;
+pub mod compare;
 pub mod kernels;
 pub mod latency;
 pub mod load;
@@ -90,14 +91,14 @@ pub fn progress(len: u64) -> ProgressBar {
 #[derive(Serialize)]
 struct CompareFile<'a> {
     meta: Meta,
-    comparisons: &'a [host::Comparison],
+    comparisons: &'a [compare::Comparison],
     pool: host::PoolStats,
 }
 
 #[derive(Serialize)]
 struct SweepFile<'a> {
     meta: Meta,
-    rows: &'a [host::Comparison],
+    rows: &'a [compare::Comparison],
 }
 
 #[derive(Serialize)]
@@ -117,7 +118,7 @@ pub async fn compare(
     cases: &[(usize, Kernel)],
     reps: usize,
     out: &Path,
-) -> host::Result<Vec<host::Comparison>> {
+) -> host::Result<Vec<compare::Comparison>> {
     println!("\ncompare_sync_async (medians of {reps}; each pipelined case tries the plans of the peers' grid and keeps the best):");
     let comps = pipeline::compare_all(device, pool, pipe, cases, reps).await?;
     write_json(

@@ -1,7 +1,7 @@
 //! `host compare`, `host sweep`, `host timeline`: the overlap pipeline measured.
 
 use super::plots::{self, Bar, Series};
-use host::compare::{compare, Comparison, Spec};
+use super::compare::{compare, Comparison, Spec};
 use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
 use serde::Serialize;
 use std::path::Path;
@@ -196,13 +196,13 @@ pub async fn timeline(
     svg: &Path,
 ) -> host::Result<Vec<TimelineRow>> {
     let mut input = pool.alloc::<f32>(n)?;
-    host::compare::random_floats(input.as_mut_slice(), 5);
+    host::testing::random_floats(input.as_mut_slice(), 5);
     let output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 1.5 };
     // Warm-up, then the recorded run.
     let ((input, output), _) = pipeline.run(input, output, kernel, plan, false).await?;
     let ((input, output), info) = pipeline.run(input, output, kernel, plan, true).await?;
-    let (checked, bad) = host::compare::verify(kernel, input.as_slice(), output.as_slice());
+    let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
         return Err(host::Error::InvalidArgument(
             "timeline run produced wrong results".into(),

@@ -82,6 +82,6 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
 /// Fresh random floats in [-1, 1), never zero (the library's generator).
 pub fn random_floats(n: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0f32; n];
-    host::compare::random_floats(&mut v, seed);
+    host::testing::random_floats(&mut v, seed);
     v
 }
