@@ -24,9 +24,9 @@
 //! completion against registration and deferral
 //! (`RUSTFLAGS="--cfg loom" cargo test -p host --lib --release loom`).
 
-use crate::error::Result;
 #[cfg(test)]
 use crate::error::Error;
+use crate::error::Result;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;

@@ -209,9 +209,9 @@ impl Backend for CpuBackend {
         if ptr == 0 {
             return Ok(());
         }
-        let layout = lock(&self.device_allocs).remove(&ptr).ok_or_else(|| {
-            Error::Internal(format!("{ptr:#x} is not a device allocation"))
-        })?;
+        let layout = lock(&self.device_allocs)
+            .remove(&ptr)
+            .ok_or_else(|| Error::Internal(format!("{ptr:#x} is not a device allocation")))?;
         // SAFETY: allocated by alloc_device with this layout; unused (caller).
         unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
         Ok(())

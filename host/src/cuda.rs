@@ -717,9 +717,7 @@ impl RawStream for CudaStream {
             .iter()
             .find(|(n, _)| *n == call.name())
             .map(|(_, f)| *f)
-            .ok_or_else(|| {
-                Error::Internal(format!("kernel {} not in the PTX", call.name()))
-            })?;
+            .ok_or_else(|| Error::Internal(format!("kernel {} not in the PTX", call.name())))?;
         // Argument storage in the order of the `extern "ptx-kernel"` signatures.
         let mut u64s = [0u64; 3];
         let mut f32s = [0f32; 1];

@@ -212,4 +212,3 @@ impl Device {
         Arc::as_ptr(&self.backend) as *const () as usize
     }
 }
-

@@ -1,1 +1,145 @@
-//! What the types guarantee (placeholder, filled below).
+//! What the types guarantee, each with a program that must not compile.
+//!
+//! Every example below is a `compile_fail` test: CI builds each one and
+//! checks it fails, with the error code named on its fence (CI runs the doc
+//! tests once with `RUSTC_BOOTSTRAP=1`, which makes rustdoc check the codes:
+//! a test that failed for another reason would fail there). Below each, what
+//! the program would do if it compiled.
+//!
+//! What is checked at run time instead (and tested in `tests/soundness.rs`):
+//! lengths and ranges (`LengthMismatch`, `OutOfBounds`), buffers of another
+//! device (`InvalidArgument`), partially overlapping operands of one command
+//! (`Overlap`), a panic inside a batch (the enqueued commands finish before
+//! the bundle is dropped), and timing of untimed or unfinished events
+//! (`NotTimed`, `NotReady`).
+//!
+//! # 1. Pageable memory can't go to an async copy
+//! Async copies take [`PinnedHost`](crate::PinnedHost) memory only: a `Vec`
+//! would be copied by the driver through a staging buffer, synchronously,
+//! while the code reads as if it overlapped.
+//! ```compile_fail,E0277
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let pageable = vec![1.0f32; 1024];
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.copy_h2d(pageable, dev);
+//! # Ok(()) }
+//! ```
+//! Nor as a command's source: a host view comes only from pinned memory.
+//! ```compile_fail,E0308
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let pageable = vec![1.0f32; 1024];
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(dev, |c, d| c.copy_h2d(pageable.as_slice(), d.view_mut()));
+//! # Ok(()) }
+//! ```
+//!
+//! # 2. A buffer given to a job can't be used until it is handed back
+//! The job owns it; reading it while the copy runs would read torn data.
+//! ```compile_fail,E0382
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let input = host::PinnedBuffer::<f32>::new(device, 1024)?;
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.copy_h2d(input, dev);
+//! let first = input.as_slice()[0];
+//! # Ok(()) }
+//! ```
+//!
+//! # 3. Inside a batch, host memory handed to a command stays borrowed
+//! A destination of a device-to-host copy can't be written by the CPU in the
+//! same batch (the copy would overwrite it, or the CPU the copy's result).
+//! ```compile_fail,E0499
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! use host::PinnedHost;
+//! let out = host::PinnedBuffer::<f32>::new(device, 1024)?;
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run((dev, out), |c, (d, o)| {
+//!     c.copy_d2h(d.view(), o.host_mut())?;
+//!     o.as_mut_slice()[0] = 1.0;
+//!     Ok(())
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! # 4. Device memory used by a queued command can't be dropped
+//! Every view a command takes is borrowed from the job's bundle for the
+//! whole batch: a device buffer outside the bundle can't be used, so it
+//! can't be freed while a command queued on it is pending.
+//! ```compile_fail,E0597
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! use host::PinnedHost;
+//! let input = host::PinnedBuffer::<f32>::new(device, 1024)?;
+//! let mut outside = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(input, |c, i| c.copy_h2d(i.host(), outside.view_mut()));
+//! drop(outside);
+//! # Ok(()) }
+//! ```
+//! A view can't leave its batch either (to be used by a later one):
+//! ```compile_fail
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let mut kept = None;
+//! let job = stream.run(dev, |c, d| {
+//!     kept = Some(d.view_mut());
+//!     Ok(())
+//! });
+//! # Ok(()) }
+//! ```
+//!
+//! # 5. Device memory shared between jobs is read-only
+//! A buffer behind an `Arc` may be read by several jobs at once; writing
+//! needs `&mut DeviceBuffer`, which no shared owner has (two jobs on two
+//! streams writing one buffer would race).
+//! ```compile_fail,E0596
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! use std::sync::Arc;
+//! let shared = Arc::new(host::DeviceBuffer::<f32>::new(device, 1024)?);
+//! let job = stream.run(shared.clone(), |c, d| {
+//!     c.kernel(host::Kernel::Scale { s: 2.0 }, d.view_mut())
+//! });
+//! # Ok(()) }
+//! ```
+//! And one batch can't read a buffer through one borrow while writing it
+//! through another (the two operands of `saxpy` would alias).
+//! ```compile_fail,E0502
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(dev, |c, d| c.saxpy(2.0, d.view(), d.view_mut()));
+//! # Ok(()) }
+//! ```
+//!
+//! # 6. A job can't be completed from outside
+//! Only the backend's completion source finishes a job; there is no handle
+//! to its completion (which would let a caller get the buffers back while
+//! the GPU still uses them).
+//! ```compile_fail,E0599
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.launch(host::Kernel::Scale { s: 2.0 }, dev);
+//! job.completion();
+//! # Ok(()) }
+//! ```
+//! ```compile_fail,E0603
+//! let c = host::completion::Completion::new();
+//! ```
+//!
+//! # 7. A timeline point can't be awaited
+//! The points of a pipeline timeline ([`Mark`](crate::Mark)) are not watched
+//! (that keeps them from disturbing what they measure); awaiting one would
+//! wait forever, so the type has no way to.
+//! ```compile_fail,E0599
+//! # async fn f(info: host::RunInfo) {
+//! let points = info.timeline.unwrap();
+//! points[0].events[0].wait().await;
+//! # }
+//! ```
+//!
+//! # 8. Pinned in place: the vector can't move or be freed while registered
+//! [`Registered`](crate::Registered) owns the `Vec`, so a push (which may
+//! reallocate) or a drop needs it back, which unregisters first.
+//! ```compile_fail,E0382
+//! # fn f(device: &host::Device) -> host::Result<()> {
+//! let mut v = vec![1.0f32; 1024];
+//! let pinned = host::Registered::new(device, v)?;
+//! v.push(2.0);
+//! # Ok(()) }
+//! ```

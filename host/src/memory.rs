@@ -442,8 +442,7 @@ impl MappedFlag {
 
     /// Sets the flag (opens the gate).
     pub fn set(&self, v: u32) {
-        self.atomic()
-            .store(v, std::sync::atomic::Ordering::Release);
+        self.atomic().store(v, std::sync::atomic::Ordering::Release);
     }
 
     /// The current value.

@@ -331,8 +331,7 @@ impl Pipeline {
                 }
                 if src_id != self.device.id() || dst_id != self.device.id() {
                     return Err(Error::InvalidArgument(
-                        "a buffer of another device (or backend) was given to this pipeline"
-                            .into(),
+                        "a buffer of another device (or backend) was given to this pipeline".into(),
                     ));
                 }
                 Ok(())

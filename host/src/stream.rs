@@ -693,7 +693,9 @@ pub struct Job<B: Send + 'static, R> {
 
 impl<B: Send + 'static, R> std::fmt::Debug for Job<B, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("done", &self.is_done()).finish()
+        f.debug_struct("Job")
+            .field("done", &self.is_done())
+            .finish()
     }
 }
 

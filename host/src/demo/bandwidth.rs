@@ -108,8 +108,10 @@ pub fn run(
             let t = Instant::now();
             let up = stream.copy_h2d(src, dev);
             let down = stream2.run((dev2, dst), |c, (d, h)| c.copy_d2h(d.view(), h.host_mut()));
-            let (((s, d), ()), ((d2, o), ())) =
-                block_on(futures::future::try_join(up.err_into::<host::Error>(), down.err_into()))?;
+            let (((s, d), ()), ((d2, o), ())) = block_on(futures::future::try_join(
+                up.err_into::<host::Error>(),
+                down.err_into(),
+            ))?;
             bi.push(t.elapsed().as_secs_f64() * 1e3);
             (src, dev, dev2, dst) = (s, d, d2, o);
         }

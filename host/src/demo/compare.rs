@@ -253,8 +253,7 @@ pub async fn bidirectional_ms(
                 Ok(())
             });
             let (((a, b), ()), ((c, d), ())) =
-                futures::future::try_join(up.err_into::<Error>(), down.err_into::<Error>())
-                    .await?;
+                futures::future::try_join(up.err_into::<Error>(), down.err_into::<Error>()).await?;
             times.push(ms(t));
             (hin, d1, d2, hout) = (a, b, c, d);
         }
@@ -307,4 +306,3 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
     c.print();
     Ok(c)
 }
-

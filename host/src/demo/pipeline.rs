@@ -1,7 +1,7 @@
 //! `host compare`, `host sweep`, `host timeline`: the overlap pipeline measured.
 
-use super::plots::{self, Bar, Series};
 use super::compare::{compare, Comparison, Spec};
+use super::plots::{self, Bar, Series};
 use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
 use serde::Serialize;
 use std::path::Path;

@@ -1,0 +1,319 @@
+//! Regression tests for the soundness holes found by trying the API as a new
+//! user would (issue "Sound by construction"), on every backend. The holes
+//! the types now close are `compile_fail` tests in `src/guarantees.rs`; these
+//! are the ones closed at run time:
+//! - a panic inside a batch no longer frees or recycles its buffers while the
+//!   commands it enqueued are queued (`run` and `run_sync`);
+//! - a pipeline's timeline points measure on CUDA as on the CPU;
+//! - `Device::synchronize` waits for queued work and for the releases of
+//!   cancelled jobs, on the CPU emulation too;
+//! - partially overlapping operands are refused, the same range is computed
+//!   right;
+//! - timing errors are the same on both backends;
+//! - an error hands the buffers back.
+//!
+//! GPU-side gates hold a stream without timers. On CUDA every allocation
+//! waits while a kernel runs (driver 580), so each test allocates what it
+//! needs before closing its gate.
+
+use futures::executor::block_on;
+use host::testing::{backends, random_floats, serial, watchdog};
+use host::{
+    DeviceBuffer, Error, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Pipeline, Plan,
+    Stream,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    random_floats(&mut v, seed);
+    v
+}
+
+/// Holds `stream` on a closed gate; returns the gate (open it with `set(1)`).
+fn hold(stream: &Stream, device: &host::Device) -> Arc<MappedFlag> {
+    let gate = Arc::new(MappedFlag::new(device).unwrap());
+    drop(stream.run(gate.clone(), |c, g| c.gate(g)));
+    gate
+}
+
+/// Queues a D2H into the bundle's pool buffer, then panics.
+fn panicking_batch<'a>(
+    c: &mut host::Commands<'a>,
+    (d, o): &'a mut (DeviceBuffer<f32>, host::PooledBuffer<f32>),
+) -> host::Result<()> {
+    c.copy_d2h(d.view(), o.host_mut())?;
+    panic!("a bug in the user's batch, after a command was queued")
+}
+
+#[test]
+fn a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish() {
+    let _serial = serial();
+    for device in backends("panic_in_batch") {
+        for sync in [false, true] {
+            let n = 4096;
+            let pool = PinnedPool::new(&device);
+            let stream = Stream::new(&device).unwrap();
+            // Everything allocated before the gate closes (see the module docs):
+            // the device data the queued D2H will write, the destination, and a
+            // cached block of the same class for the allocation after the panic.
+            let device_data = random(n, 11);
+            let mut dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+            dev.copy_from_host_sync(&device_data).unwrap();
+            let out = pool.alloc::<f32>(n).unwrap();
+            drop(pool.alloc::<f32>(n).unwrap());
+            let gate = hold(&stream, &device);
+            let _watchdog = watchdog(&gate);
+            let bundle = (dev, out);
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if sync {
+                    // run_sync would wait after the closure; the panic comes first.
+                    let _ = stream.run_sync(bundle, panicking_batch);
+                } else {
+                    let _ = stream.run(bundle, panicking_batch);
+                }
+            }));
+            assert!(panicked.is_err(), "the panic reaches the caller");
+            // The program goes on and takes a buffer of the same size: it must
+            // not be the one the queued D2H still writes into.
+            let mine_data = random(n, 12);
+            let mut mine = pool.alloc::<f32>(n).unwrap();
+            mine.as_mut_slice().copy_from_slice(&mine_data);
+            assert_eq!(
+                pool.stats().blocks_in_use,
+                2,
+                "sync={sync}: the panicked batch's destination is still lent out"
+            );
+            gate.set(1);
+            device.synchronize().unwrap();
+            assert_eq!(
+                mine.as_slice(),
+                &mine_data[..],
+                "{}, sync={sync}: the queued D2H overwrote a buffer allocated after the panic",
+                device.kind()
+            );
+            drop(mine);
+            assert_eq!(
+                pool.stats().blocks_in_use,
+                0,
+                "sync={sync}: released once done"
+            );
+        }
+    }
+}
+
+#[test]
+fn timeline_points_of_a_pipeline_run_measure_on_every_backend() {
+    let _serial = serial();
+    for device in backends("timeline_points") {
+        let n = 200_000;
+        let pool = PinnedPool::new(&device);
+        let pipe = Pipeline::new(&device, 4).unwrap();
+        for plan in [Plan::uniform(4, 2), Plan::engines(5, 2)] {
+            let mut input = pool.alloc::<f32>(n).unwrap();
+            random_floats(input.as_mut_slice(), 3);
+            let output = pool.alloc::<f32>(n).unwrap();
+            let ((_, _), info) =
+                block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, true)).unwrap();
+            let timeline = info.timeline.expect("asked for a timeline");
+            assert_eq!(timeline.len(), plan.ranges(n).len());
+            for chunk in &timeline {
+                let [t0, t1, t2, t3] = &chunk.events;
+                for (a, b) in [(t0, t1), (t1, t2), (t2, t3), (t0, t3)] {
+                    let ms = a.elapsed_ms(b).unwrap_or_else(|e| {
+                        panic!("{} {plan}: chunk {}: {e}", device.kind(), chunk.chunk)
+                    });
+                    assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn device_synchronize_waits_for_queued_work_and_for_cancelled_jobs_releases() {
+    let _serial = serial();
+    for device in backends("device_synchronize") {
+        let n = 10_000;
+        let pool = PinnedPool::new(&device);
+        let stream = Stream::new(&device).unwrap();
+        let mut input = pool.alloc::<f32>(n).unwrap();
+        random_floats(input.as_mut_slice(), 5);
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let gate = hold(&stream, &device);
+        let _watchdog = watchdog(&gate);
+        // Queued behind the gate, then cancelled: its pool buffer comes back
+        // only once the GPU is done with it.
+        let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
+        drop(job);
+        assert_eq!(pool.stats().blocks_in_use, 1);
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                gate.set(1);
+            })
+        };
+        let t = Instant::now();
+        device.synchronize().unwrap();
+        let waited = t.elapsed();
+        opener.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(250),
+            "{}: synchronize returned after {waited:?}, before the gated work ran",
+            device.kind()
+        );
+        assert_eq!(
+            pool.stats().blocks_in_use,
+            0,
+            "{}: the cancelled job's buffer is back when synchronize returns",
+            device.kind()
+        );
+    }
+}
+
+#[test]
+fn partially_overlapping_operands_are_refused_and_the_same_range_is_computed_in_place() {
+    let _serial = serial();
+    for device in backends("overlap") {
+        let n = 1000;
+        let stream = Stream::new(&device).unwrap();
+        let data = random(n, 7);
+        let host_in = PinnedBuffer::from_slice(&device, &data).unwrap();
+        let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        // saxpy with x = y[0..500], y = y[250..750]: refused, bundle back.
+        let err = block_on(stream.run((host_in, dev, out), |c, (i, d, _)| {
+            let d = d.view_mut();
+            c.copy_h2d(i.host(), d)?;
+            c.saxpy(2.0, d.range(0..500)?, d.range(250..750)?)
+        }))
+        .unwrap_err();
+        assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
+        let (host_in, dev, out) = err.bundle.expect("the buffers come back");
+        assert_eq!(host_in.as_slice(), &data[..], "input untouched");
+        // copy_d2d between overlapping ranges: refused.
+        let err = block_on(stream.run((host_in, dev, out), |c, (_, d, _)| {
+            let d = d.view_mut();
+            c.copy_d2d(d.range(0..600)?, d.range(400..1000)?)
+        }))
+        .unwrap_err();
+        assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
+        let (host_in, dev, out) = err.bundle.expect("the buffers come back");
+        // The same range as x and y: y = a*y + y, elementwise, bit-exact.
+        let ((_, _, out), ()) = block_on(stream.run((host_in, dev, out), |c, (i, d, o)| {
+            let d = d.view_mut();
+            c.copy_h2d(i.host(), d)?;
+            c.saxpy(0.75, d, d)?;
+            c.copy_d2h(d, o.host_mut())
+        }))
+        .unwrap();
+        for (k, (&got, &x)) in out.as_slice().iter().zip(&data).enumerate() {
+            let want = gpu_kernels::elementwise::saxpy(0.75, x, x);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{}: element {k}",
+                device.kind()
+            );
+        }
+    }
+}
+
+#[test]
+fn timing_errors_are_the_same_on_every_backend() {
+    let _serial = serial();
+    for device in backends("timing_errors") {
+        let stream = Stream::new(&device).unwrap();
+        let (a, b) = (stream.record().unwrap(), stream.record().unwrap());
+        block_on(b.wait()).unwrap();
+        assert!(
+            matches!(a.elapsed_ms(&b), Err(Error::NotTimed)),
+            "{}",
+            device.kind()
+        );
+        let timed = stream.record_timed().unwrap();
+        assert!(matches!(a.elapsed_ms(&timed), Err(Error::NotTimed)));
+        let later = stream.record_timed().unwrap();
+        block_on(later.wait()).unwrap();
+        assert!(timed.elapsed_ms(&later).unwrap() >= 0.0);
+        // Timed, but the stream has not reached the second one yet.
+        let gate = hold(&stream, &device);
+        let _watchdog = watchdog(&gate);
+        let pending = stream.record_timed().unwrap();
+        assert!(
+            matches!(timed.elapsed_ms(&pending), Err(Error::NotReady)),
+            "{}",
+            device.kind()
+        );
+        gate.set(1);
+        block_on(pending.wait()).unwrap();
+        assert!(timed.elapsed_ms(&pending).unwrap() >= 0.0);
+    }
+}
+
+#[test]
+fn a_validation_error_hands_the_buffers_back_intact() {
+    let _serial = serial();
+    for device in backends("errors_hand_back") {
+        let n = 5000;
+        let data = random(n, 9);
+        let pool = PinnedPool::new(&device);
+        let pipe = Pipeline::new(&device, 2).unwrap();
+        let stream = Stream::new(&device).unwrap();
+        let mut input = pool.alloc::<f32>(n).unwrap();
+        input.as_mut_slice().copy_from_slice(&data);
+        let output = pool.alloc::<f32>(n).unwrap();
+        // Bad plans: no chunks; more streams than the pipeline has.
+        let mut bundle = (input, output);
+        for plan in [
+            Plan::uniform(0, 1),
+            Plan::uniform(2, 3),
+            Plan::engines(4, 2),
+        ] {
+            let err = block_on(pipe.run(bundle.0, bundle.1, Kernel::Scale { s: 2.0 }, plan, false))
+                .unwrap_err();
+            assert!(
+                matches!(err.error, Error::InvalidArgument(_)),
+                "{plan}: {err}"
+            );
+            bundle = err.bundle.expect("the buffers come back");
+            assert_eq!(bundle.0.as_slice(), &data[..], "{plan}: input intact");
+        }
+        // Unequal lengths.
+        let short = pool.alloc::<f32>(n - 1).unwrap();
+        let err = block_on(pipe.run(
+            bundle.0,
+            short,
+            Kernel::Scale { s: 2.0 },
+            Plan::auto(n),
+            false,
+        ))
+        .unwrap_err();
+        assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
+        let (input, _short) = err.bundle.expect("the buffers come back");
+        assert_eq!(input.as_slice(), &data[..]);
+        // A batch whose command fails, sync and async.
+        let dev = DeviceBuffer::<f32>::new(&device, n + 1).unwrap();
+        let err = stream
+            .run_sync((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()))
+            .unwrap_err();
+        assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
+        let (input, dev) = err.bundle.expect("the buffers come back");
+        let err = block_on(stream.run((input, dev), |c, (i, d)| {
+            c.copy_h2d(i.host(), d.view_mut().range(0..n + 2)?)
+        }))
+        .unwrap_err();
+        assert!(matches!(err.error, Error::OutOfBounds { .. }), "{err}");
+        let (input, _dev) = err.bundle.expect("the buffers come back");
+        assert_eq!(input.as_slice(), &data[..]);
+        // And the error converts for `?` in functions returning host::Result.
+        let as_error: Error = host::JobError::<()> {
+            error: Error::NotReady,
+            bundle: None,
+        }
+        .into();
+        assert!(matches!(as_error, Error::NotReady));
+    }
+}
