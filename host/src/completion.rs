@@ -182,6 +182,36 @@ impl Future for Wait {
     }
 }
 
+thread_local! {
+    /// Set on the threads that complete completions (CUDA watchers, CPU
+    /// stream workers): deferred releases, and so the `Drop` of a cancelled
+    /// job's bundle, run there.
+    static ON_COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as a completion source's thread.
+pub(crate) fn mark_completion_thread() {
+    ON_COMPLETION_THREAD.with(|w| w.set(true));
+}
+
+/// Whether the calling thread is a completion source's thread.
+pub(crate) fn on_completion_thread() -> bool {
+    ON_COMPLETION_THREAD.with(|w| w.get())
+}
+
+/// Refuses a blocking wait on a completion thread: the thread would wait for
+/// completions only it can deliver (a hang). Reached when a `Drop` of a
+/// cancelled job's bundle blocks on GPU work.
+pub(crate) fn refuse_blocking_on_completion_thread(what: &str) -> Result<()> {
+    if on_completion_thread() {
+        return Err(crate::error::Error::Internal(format!(
+            "{what} called on a completion thread (from the drop of a cancelled job's \
+             bundle?): it would wait for itself"
+        )));
+    }
+    Ok(())
+}
+
 /// Locks, ignoring poisoning: the protected data stays consistent because no
 /// code path panics while holding these locks.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -238,6 +238,7 @@ impl Backend for CpuBackend {
         std::thread::Builder::new()
             .name("cpu-stream".into())
             .spawn(move || {
+                crate::completion::mark_completion_thread();
                 let mut failed: Option<Error> = None;
                 while let Ok(task) = rx.recv() {
                     task(&shared, &mut failed);

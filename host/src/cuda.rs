@@ -107,13 +107,9 @@ enum ParkedFree {
 // unregistering it from another thread is allowed.
 unsafe impl Send for ParkedFree {}
 
-thread_local! {
-    /// Set on watcher threads (see `Shared::parked`).
-    static ON_WATCHER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
+/// Whether the calling thread is a watcher (see `Shared::parked`).
 fn on_watcher() -> bool {
-    ON_WATCHER.with(|w| w.get())
+    crate::completion::on_completion_thread()
 }
 
 /// Events kept for reuse per kind; more are destroyed.
@@ -569,7 +565,7 @@ type WatchRx = mpsc::Receiver<(Arc<EventHandle>, Completion)>;
 
 /// The watcher: completes each recorded point of one stream, in order.
 fn watch(shared: Arc<Shared>, rx: WatchRx) {
-    ON_WATCHER.with(|w| w.set(true));
+    crate::completion::mark_completion_thread();
     let bound = shared.bind();
     while let Ok((event, completion)) = rx.recv() {
         let result = match (bound.clone(), shared.usable()) {

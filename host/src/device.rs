@@ -173,9 +173,12 @@ impl Device {
     /// returns. Synchronous code only (never on an executor thread).
     ///
     /// # Errors
-    /// The first fault of the work waited for ([`Error::ContextBroken`]
+    /// `Internal` on a completion thread (the `Drop` of a cancelled job's
+    /// bundle), where it would wait for itself. The first fault of the work
+    /// waited for ([`Error::ContextBroken`]
     /// after a trap), or a driver error.
     pub fn synchronize(&self) -> Result<()> {
+        crate::completion::refuse_blocking_on_completion_thread("Device::synchronize")?;
         let streams: Vec<Arc<dyn RawStream>> = crate::completion::lock(&self.streams)
             .iter()
             .filter_map(Weak::upgrade)

@@ -91,7 +91,13 @@ impl Event {
     }
 
     /// Blocks the calling thread until done (synchronous code only).
+    ///
+    /// # Errors
+    /// The fault of the work before it; `Internal` when called on one of the
+    /// library's completion threads (from the `Drop` of a cancelled job's
+    /// bundle), where it would wait for itself.
     pub fn synchronize(&self) -> Result<()> {
+        crate::completion::refuse_blocking_on_completion_thread("Event::synchronize")?;
         self.raw.completion.block()
     }
 
@@ -105,6 +111,7 @@ impl Event {
     }
 
     fn synchronize_in_driver(&self) -> Result<()> {
+        crate::completion::refuse_blocking_on_completion_thread("a blocking wait")?;
         match &self.raw.timer {
             crate::backend::Timer::Cuda(h) => h.synchronize(),
             crate::backend::Timer::Cpu(_) => self.synchronize(),

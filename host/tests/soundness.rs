@@ -317,3 +317,47 @@ fn a_validation_error_hands_the_buffers_back_intact() {
         assert!(matches!(as_error, Error::NotReady));
     }
 }
+
+/// A bundle whose `Drop` blocks on the device: dropped by a cancelled job's
+/// completion source, on its own thread.
+struct BlocksOnDrop {
+    device: host::Device,
+    seen: Arc<std::sync::Mutex<Option<host::Result<()>>>>,
+    _dev: DeviceBuffer<f32>,
+}
+
+impl Drop for BlocksOnDrop {
+    fn drop(&mut self) {
+        let r = self.device.synchronize();
+        *self.seen.lock().unwrap() = Some(r);
+    }
+}
+
+#[test]
+fn a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang() {
+    let _serial = serial();
+    for device in backends("blocking_drop") {
+        let stream = Stream::new(&device).unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
+        let gate = hold(&stream, &device);
+        let _watchdog = watchdog(&gate);
+        let bundle = BlocksOnDrop {
+            device: device.clone(),
+            seen: seen.clone(),
+            _dev: dev,
+        };
+        // Cancelled while held: its bundle is dropped by the completion source.
+        drop(stream.run(bundle, |c, b| {
+            c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
+        }));
+        gate.set(1);
+        device.synchronize().unwrap();
+        let seen = seen.lock().unwrap().take();
+        assert!(
+            matches!(seen, Some(Err(Error::Internal(_)))),
+            "{}: {seen:?}",
+            device.kind()
+        );
+    }
+}
