@@ -23,11 +23,13 @@ async fn main() -> host::Result<()> {
     let stream = Stream::new(&device)?;
 
     // The job owns the three buffers until the GPU is done with them; the
-    // closure only borrows them to enqueue the commands.
+    // closure only borrows them to enqueue the commands. `view_mut` borrows
+    // the device buffer for the whole batch: take it once, reuse it.
     let job = stream.run((input, dev, output), |c, (i, d, o)| {
-        c.copy_h2d(i.host(), d.view())?;
-        c.kernel(Kernel::Scale { s: 2.0 }, d.view())?;
-        c.copy_d2h(d.view(), o.host_mut())
+        let d = d.view_mut();
+        c.copy_h2d(i.host(), d)?;
+        c.kernel(Kernel::Scale { s: 2.0 }, d)?;
+        c.copy_d2h(d, o.host_mut())
     });
     // The CPU is free here: do other work, or just await.
     let ((input, _dev, output), ()) = job.await?;

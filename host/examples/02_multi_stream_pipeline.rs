@@ -36,9 +36,10 @@ async fn main() -> host::Result<()> {
             let dev = DeviceBuffer::<f32>::new(&device, chunk)?;
             let stream = &streams[i % streams.len()];
             jobs.push(stream.run((input, dev, output), |c, (i, d, o)| {
-                c.copy_h2d(i.host(), d.view())?;
-                c.kernel(Kernel::Intensity { k: 8 }, d.view())?;
-                c.copy_d2h(d.view(), o.host_mut())
+                let d = d.view_mut();
+                c.copy_h2d(i.host(), d)?;
+                c.kernel(Kernel::Intensity { k: 8 }, d)?;
+                c.copy_d2h(d, o.host_mut())
             }));
         }
         // Await them all: H2D of one chunk overlaps the kernel and D2H of others.

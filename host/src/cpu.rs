@@ -254,7 +254,9 @@ impl Backend for CpuBackend {
     fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32> {
         match (start, end) {
             (Timer::Cpu(a), Timer::Cpu(b)) => match (a.get(), b.get()) {
-                (Some(a), Some(b)) => Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3),
+                // Signed, as CUDA's: negative when `end` was reached first.
+                (Some(a), Some(b)) if b >= a => Ok(b.duration_since(*a).as_secs_f32() * 1e3),
+                (Some(a), Some(b)) => Ok(-(a.duration_since(*b).as_secs_f32() * 1e3)),
                 _ => Err(Error::NotReady),
             },
             _ => Err(Error::NotTimed),

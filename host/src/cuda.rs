@@ -494,7 +494,13 @@ impl Backend for CudaBackend {
         self.shared.bind()?;
         // SAFETY: valid ranges (caller); synchronous.
         let r = unsafe { sys::cuMemcpyHtoD_v2(dst, src.cast(), bytes) };
-        self.shared.check("cuMemcpyHtoD", r)
+        self.shared.check("cuMemcpyHtoD", r)?;
+        // From pageable memory the call returns once the data is staged, not
+        // when it has landed; our streams don't wait for the legacy stream
+        // the copy runs on, so wait for it here (it holds nothing else of ours).
+        // SAFETY: the legacy default stream of the current context.
+        let r = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+        self.shared.check("cuStreamSynchronize", r)
     }
 
     unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {

@@ -44,11 +44,13 @@ pub enum KernelCall {
         k: u32,
     },
     /// Spins until the `u32` at device-mapped address `flag` is non-zero.
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     GateWait {
         /// Device address of the flag.
         flag: u64,
     },
     /// Faults on purpose.
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     Trap,
 }
 
@@ -72,11 +74,6 @@ impl KernelCall {
             | KernelCall::Intensity { n, .. } => n,
             KernelCall::GateWait { .. } | KernelCall::Trap => 0,
         }
-    }
-
-    /// Whether the call processes no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The grid that fills `sm_count` multiprocessors without more blocks than
@@ -112,7 +109,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// The call on `n` floats at device address `x`.
-    pub fn call(&self, x: u64, n: usize) -> KernelCall {
+    pub(crate) fn call(&self, x: u64, n: usize) -> KernelCall {
         match *self {
             Kernel::Scale { s } => KernelCall::Scale { x, n, s },
             Kernel::Intensity { k } => KernelCall::Intensity { x, n, k },

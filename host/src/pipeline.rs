@@ -485,14 +485,18 @@ impl Pipeline {
 
 /// Enqueues a run in the engines layout: copy-in, compute and copy-out
 /// streams (`cmds[0..3]`), linked by events, over a ring of device buffers.
+/// The scratch buffers of a run: a view of buffer `i`'s first `len`
+/// elements, the buffer count, and each buffer's last use by earlier runs.
+type Scratch<'a, 'b> = (
+    &'b dyn Fn(usize, usize) -> DeviceSliceMut<'a, f32>,
+    usize,
+    &'b mut [Option<Mark>],
+);
+
 fn enqueue_engines<'a>(
     cmds: &mut [Commands<'a>],
     ranges: &[std::ops::Range<usize>],
-    (scratch, slots, free): (
-        &dyn Fn(usize, usize) -> DeviceSliceMut<'a, f32>,
-        usize,
-        &mut [Option<Mark>],
-    ),
+    (scratch, slots, free): Scratch<'a, '_>,
     kernel: Kernel,
     mut events: Option<&mut Vec<ChunkEvents>>,
     host: impl Fn(

@@ -6,8 +6,7 @@
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use host::compare::verify;
-use host::device::testing::{backends, serial, watchdog};
+use host::testing::{backends, serial, verify, watchdog};
 use host::{DeviceBuffer, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, Stream};
 use std::time::{Duration, Instant};
 
@@ -84,9 +83,10 @@ fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing() {
             } else {
                 let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
                 let mut job = stream.run((input, dev, output), |c, (i, d, o)| {
-                    c.copy_h2d(i.host(), d.view())?;
-                    c.kernel(kernel, d.view())?;
-                    c.copy_d2h(d.view(), o.host_mut())
+                    let d = d.view_mut();
+                    c.copy_h2d(i.host(), d)?;
+                    c.kernel(kernel, d)?;
+                    c.copy_d2h(d, o.host_mut())
                 });
                 match what {
                     0 => drop(job),
@@ -244,7 +244,7 @@ fn a_cancelled_job_does_not_hold_its_streams_later_completions_behind_other_work
         // completion source.
         drop(a.launch(Kernel::Scale { s: 2.0 }, buf));
         drop(a.run((registered, target), |c, (r, t)| {
-            c.copy_h2d(r.host(), t.view())
+            c.copy_h2d(r.host(), t.view_mut())
         }));
         // A later point on stream a must be delivered while b is still held.
         // Freeing or unregistering memory on a's completion thread (the

@@ -2,7 +2,7 @@
 //! the typed error, within a bounded time, and every pool buffer comes back.
 //! Its own test binary: a trap breaks the whole CUDA context of the process.
 
-use host::device::testing::backends;
+use host::testing::{backends, random_floats, verify};
 use host::{Kernel, PinnedPool, Pipeline, Plan};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything() {
                     loop {
                         let n = 50_000 + t as usize * 1000;
                         let mut input = pool.alloc::<f32>(n)?;
-                        host::compare::random_floats(input.as_mut_slice(), t);
+                        random_floats(input.as_mut_slice(), t);
                         let output = pool.alloc::<f32>(n)?;
                         match pipe
                             .run(
@@ -44,7 +44,7 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything() {
                             .await
                         {
                             Ok(((i, o), _)) => {
-                                let (checked, bad) = host::compare::verify(
+                                let (checked, bad) = verify(
                                     Kernel::Intensity { k: 8 },
                                     i.as_slice(),
                                     o.as_slice(),
@@ -57,7 +57,8 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything() {
                                 );
                                 ok_runs += 1;
                             }
-                            Err(e) => return Ok::<_, host::Error>((ok_runs, e)),
+                            // The run's buffers go back to the pool with the error.
+                            Err(e) => return Ok::<_, host::Error>((ok_runs, e.error)),
                         }
                     }
                 }));
@@ -79,7 +80,7 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything() {
         });
         let (trap_result, errors) = outcome;
         assert!(
-            matches!(trap_result, Ok(Err(host::Error::ContextBroken(_)))),
+            matches!(&trap_result, Ok(Err(e)) if matches!(e.error, host::Error::ContextBroken(_))),
             "{trap_result:?}"
         );
         for e in &errors {

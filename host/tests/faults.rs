@@ -4,7 +4,7 @@
 //! the process.
 
 use futures::executor::block_on;
-use host::device::testing::backends;
+use host::testing::backends;
 use host::{DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
 use std::time::{Duration, Instant};
 
@@ -17,8 +17,9 @@ fn a_trap_reaches_every_awaiting_future_and_every_later_call() {
         let input = PinnedBuffer::<f32>::from_slice(&device, &vec![1.5; n]).unwrap();
         let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
         let before = s2.run((input, dev), |c, (i, d)| {
-            c.copy_h2d(i.host(), d.view())?;
-            c.kernel(Kernel::Scale { s: 2.0 }, d.view())
+            let d = d.view_mut();
+            c.copy_h2d(i.host(), d)?;
+            c.kernel(Kernel::Scale { s: 2.0 }, d)
         });
         block_on(before).unwrap();
         let trapped = s1.run((), |c, ()| c.trap());
@@ -26,7 +27,19 @@ fn a_trap_reaches_every_awaiting_future_and_every_later_call() {
         // queueing itself reports the broken context.
         let after = s1.record();
         let r = block_on(trapped);
-        assert!(matches!(r, Err(host::Error::ContextBroken(_))), "{r:?}");
+        assert!(
+            matches!(&r, Err(e) if matches!(e.error, host::Error::ContextBroken(_))),
+            "{r:?}"
+        );
+        // The failed job hands its (empty) bundle back: the broken context
+        // runs nothing more, so nothing can still be in use.
+        assert!(matches!(
+            r,
+            Err(host::JobError {
+                bundle: Some(()),
+                ..
+            })
+        ));
         match after {
             Ok(ev) => assert!(matches!(
                 block_on(ev.wait()),

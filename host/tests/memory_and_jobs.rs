@@ -2,7 +2,7 @@
 //! always, CUDA when a GPU is there (required with REQUIRE_GPU=1).
 
 use futures::executor::block_on;
-use host::device::testing::{backends, serial, watchdog};
+use host::testing::{backends, serial, watchdog};
 use host::{
     DeviceBuffer, HostFlags, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Registered,
     Stream,
@@ -50,8 +50,9 @@ fn pinned_round_trip_on_random_data_with_every_flag() {
                 let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
                 let ((src, _dev, dst), ()) =
                     block_on(stream.run((src, dev, dst), |c, (s, d, o)| {
-                        c.copy_h2d(s.host(), d.view())?;
-                        c.copy_d2h(d.view(), o.host_mut())
+                        let d = d.view_mut();
+                        c.copy_h2d(s.host(), d)?;
+                        c.copy_d2h(d, o.host_mut())
                     }))
                     .unwrap();
                 assert_eq!(
@@ -104,7 +105,7 @@ fn kernels_on_device_match_the_cpu_bit_for_bit() {
                             PinnedBuffer::<f32>::new(&device, n).unwrap(),
                         ),
                         |c, (i, d, o)| {
-                            let sub = d.view().range(off..off + n)?;
+                            let sub = d.view_mut().range(off..off + n)?;
                             c.copy_h2d(i.host(), sub)?;
                             c.kernel(kernel, sub)?;
                             c.copy_d2h(sub, o.host_mut())
@@ -150,9 +151,10 @@ fn registered_memory_round_trips_and_unregisters() {
         let dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
         let ((reg_in, _d, reg_out), ()) =
             block_on(stream.run((reg_in, dev, reg_out), |c, (i, d, o)| {
-                c.copy_h2d(i.host(), d.view())?;
-                c.kernel(Kernel::Scale { s: 2.0 }, d.view())?;
-                c.copy_d2h(d.view(), o.host_mut())
+                let d = d.view_mut();
+                c.copy_h2d(i.host(), d)?;
+                c.kernel(Kernel::Scale { s: 2.0 }, d)?;
+                c.copy_d2h(d, o.host_mut())
             }))
             .unwrap();
         assert_eq!(reg_in.as_slice(), &data[..]);
@@ -197,9 +199,10 @@ fn run_sync_hands_the_bundle_back_after_the_gpu_is_done() {
         let kernel = Kernel::Scale { s: -1.5 };
         let ((input, output, dev), n) = stream
             .run_sync((input, output, dev), |c, (i, o, d)| {
-                c.copy_h2d(i.host(), d.view())?;
-                c.kernel(kernel, d.view())?;
-                c.copy_d2h(d.view(), o.host_mut())?;
+                let d = d.view_mut();
+                c.copy_h2d(i.host(), d)?;
+                c.kernel(kernel, d)?;
+                c.copy_d2h(d, o.host_mut())?;
                 Ok(d.len())
             })
             .unwrap();
@@ -212,19 +215,34 @@ fn run_sync_hands_the_bundle_back_after_the_gpu_is_done() {
         // back once that one has finished, and the stream is usable after.
         let short = DeviceBuffer::<f32>::new(&device, 3).unwrap();
         let r = stream.run_sync((input, dev, short), |c, (i, d, s)| {
-            c.copy_h2d(i.host(), d.view())?;
-            c.copy_h2d(i.host(), s.view())
+            c.copy_h2d(i.host(), d.view_mut())?;
+            c.copy_h2d(i.host(), s.view_mut())
         });
         assert!(
-            matches!(r, Err(host::Error::LengthMismatch { .. })),
+            matches!(&r, Err(e) if matches!(e.error, host::Error::LengthMismatch { .. })),
             "{:?}",
-            r.err()
+            r.as_ref().err()
         );
+        // The error hands the bundle back, and only once the copy enqueued
+        // before the failing command has finished: its data is on the device.
+        let (input, mut landed, short) = r
+            .err()
+            .and_then(|e| e.bundle)
+            .expect("the bundle is handed back with the error");
+        assert_eq!(input.as_slice(), &data[..], "the input is untouched");
+        assert_eq!(short.len(), 3);
+        let mut back = vec![0f32; data.len()];
+        landed.copy_to_host_sync(&mut back).unwrap();
+        assert_eq!(
+            back, data,
+            "the first copy finished before the error came back"
+        );
+        drop((input, landed, short));
         let dev = DeviceBuffer::<f32>::new(&device, data.len()).unwrap();
         let mut fresh = pool.alloc::<f32>(data.len()).unwrap();
         fresh.as_mut_slice().copy_from_slice(&data);
         let ((_, dev), ()) = stream
-            .run_sync((fresh, dev), |c, (h, d)| c.copy_h2d(h.host(), d.view()))
+            .run_sync((fresh, dev), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))
             .unwrap();
         let ((_, output), ()) = block_on(stream.copy_d2h(dev, output)).unwrap();
         assert_eq!(output.as_slice(), &data[..]);
@@ -238,21 +256,32 @@ fn bad_lengths_and_ranges_get_typed_errors() {
         let stream = Stream::new(&device).unwrap();
         let a = PinnedBuffer::<f32>::new(&device, 10).unwrap();
         let d = DeviceBuffer::<f32>::new(&device, 11).unwrap();
-        let r = block_on(stream.run((a, d), |c, (a, d)| c.copy_h2d(a.host(), d.view())));
+        let r = block_on(stream.run((a, d), |c, (a, d)| c.copy_h2d(a.host(), d.view_mut())));
         assert!(
             matches!(
-                r,
-                Err(host::Error::LengthMismatch {
-                    expected: 10,
-                    got: 11,
-                    ..
-                })
+                &r,
+                Err(e) if matches!(
+                    e.error,
+                    host::Error::LengthMismatch {
+                        expected: 10,
+                        got: 11,
+                        ..
+                    }
+                )
             ),
             "{r:?}"
         );
-        let d = DeviceBuffer::<f32>::new(&device, 4).unwrap();
+        assert!(
+            r.is_err_and(|e| e.bundle.is_some()),
+            "the buffers come back with the error"
+        );
+        let mut d = DeviceBuffer::<f32>::new(&device, 4).unwrap();
         assert!(matches!(
             d.view().range(2..9),
+            Err(host::Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            d.view_mut().range(2..9),
             Err(host::Error::OutOfBounds { .. })
         ));
         assert!(matches!(
@@ -272,8 +301,15 @@ fn buffers_of_another_backend_are_rejected() {
     let stream = Stream::new(&cpu_a).unwrap();
     let foreign = PinnedBuffer::<f32>::new(&cpu_b, 4).unwrap();
     let d = DeviceBuffer::<f32>::new(&cpu_a, 4).unwrap();
-    let r = block_on(stream.run((foreign, d), |c, (h, d)| c.copy_h2d(h.host(), d.view())));
-    assert!(matches!(r, Err(host::Error::InvalidArgument(_))), "{r:?}");
+    let r = block_on(stream.run((foreign, d), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut())));
+    assert!(
+        matches!(&r, Err(e) if matches!(e.error, host::Error::InvalidArgument(_))),
+        "{r:?}"
+    );
+    assert!(
+        r.is_err_and(|e| e.bundle.is_some()),
+        "the buffers come back with the error"
+    );
 }
 
 #[test]
@@ -360,7 +396,7 @@ fn pool_reuse_is_held_back_while_gpu_work_is_in_flight() {
         let g = gate.clone();
         let job = stream.run((g, staging, dev), |c, (g, s, d)| {
             c.gate(g)?;
-            c.copy_h2d(s.host(), d.view())
+            c.copy_h2d(s.host(), d.view_mut())
         });
         drop(job); // cancelled while held: the buffer must not return yet
         let other = pool.alloc::<f32>(n).unwrap();
@@ -396,27 +432,42 @@ fn events_order_work_across_streams() {
         let _watchdog = watchdog(&gate);
         let n = 1 << 18;
         let x = random(n, 21);
-        let dev = std::sync::Arc::new(DeviceBuffer::<f32>::new(&device, n).unwrap());
+        // Device memory shared by jobs is read-only now, so the two streams no
+        // longer hand data to each other through one buffer: s1 uploads into a
+        // buffer of its own, and s2 reads a shared buffer filled beforehand.
+        // Everything is allocated before the gate closes.
+        let filled = PinnedBuffer::from_slice(&device, &x).unwrap();
+        let shared = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let ((_, shared), ()) = block_on(s2.copy_h2d(filled, shared)).unwrap();
+        let shared = std::sync::Arc::new(shared);
+        let dev1 = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let dev2 = DeviceBuffer::<f32>::new(&device, n).unwrap();
         let input = PinnedBuffer::from_slice(&device, &x).unwrap();
-        let out = PinnedBuffer::<f32>::new(&device, n).unwrap(); // allocated before the gate closes
-                                                                 // s1: gate, then upload. s2 waits for s1's event, then scales and downloads.
+        let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+        // s1: gate, then upload. s2 waits for s1's event, then copies the
+        // shared buffer, scales and downloads.
         let g = gate.clone();
-        let (d1, d2) = (dev.clone(), dev.clone());
-        let upload = s1.run((g, input, d1), |c, (g, i, d)| {
+        let upload = s1.run((g, input, dev1), |c, (g, i, d)| {
             c.gate(g)?;
-            c.copy_h2d(i.host(), d.view())
+            c.copy_h2d(i.host(), d.view_mut())
         });
         let uploaded = s1.record().unwrap();
         s2.wait_event(&uploaded).unwrap();
-        let compute = s2.run((d2, out), |c, (d, o)| {
-            c.kernel(Kernel::Scale { s: 3.0 }, d.view())?;
-            c.copy_d2h(d.view(), o.host_mut())
+        let compute = s2.run((shared.clone(), dev2, out), |c, (s, d, o)| {
+            let d = d.view_mut();
+            c.copy_d2d(s.view(), d)?;
+            c.kernel(Kernel::Scale { s: 3.0 }, d)?;
+            c.copy_d2h(d, o.host_mut())
         });
         std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!uploaded.is_done(), "s1 is held on its gate");
         assert!(!compute.is_done(), "s2 must wait for s1's gated upload");
         gate.set(1);
-        block_on(upload).unwrap();
-        let ((_, out), ()) = block_on(compute).unwrap();
+        let ((_, _, mut dev1), ()) = block_on(upload).unwrap();
+        let mut uploaded_data = vec![0f32; n];
+        dev1.copy_to_host_sync(&mut uploaded_data).unwrap();
+        assert_eq!(uploaded_data, x, "s1's upload landed");
+        let ((_, _, out), ()) = block_on(compute).unwrap();
         for (o, v) in out.as_slice().iter().zip(&x) {
             assert_eq!(*o, v * 3.0);
         }
@@ -441,9 +492,10 @@ fn futures_work_under_tokio_too() {
             let d = DeviceBuffer::<f32>::new(&device, x.len()).unwrap();
             let ((_, _, o), ()) = stream
                 .run((i, d, o), |c, (i, d, o)| {
-                    c.copy_h2d(i.host(), d.view())?;
-                    c.kernel(Kernel::Scale { s: 0.5 }, d.view())?;
-                    c.copy_d2h(d.view(), o.host_mut())
+                    let d = d.view_mut();
+                    c.copy_h2d(i.host(), d)?;
+                    c.kernel(Kernel::Scale { s: 0.5 }, d)?;
+                    c.copy_d2h(d, o.host_mut())
                 })
                 .await
                 .unwrap();
@@ -545,7 +597,7 @@ fn a_device_that_does_not_exist_gets_a_typed_error() {
         // CUDA says so instead of falling back silently.
         Err(host::Error::BackendUnavailable(_)) | Err(host::Error::Driver { .. }) => {
             assert!(
-                !host::device::testing::gpu_required(),
+                !host::testing::gpu_required(),
                 "REQUIRE_GPU=1 but CUDA did not open"
             )
         }
@@ -591,7 +643,7 @@ fn back_to_back_pipeline_runs_of_mixed_layouts_share_scratch_safely() {
         for (kernel, plan, job) in jobs {
             let ((i, o), info) = block_on(job).unwrap();
             assert_eq!(info.plan, plan);
-            let (checked, bad) = host::compare::verify(kernel, i.as_slice(), o.as_slice());
+            let (checked, bad) = host::testing::verify(kernel, i.as_slice(), o.as_slice());
             assert_eq!((checked, bad), (n, 0), "{plan}");
         }
         assert_eq!(pool.stats().in_use_bytes, 0);
@@ -611,9 +663,10 @@ fn zero_length_work_and_mismatched_kernel_arguments() {
             pool.alloc::<f32>(0).unwrap(),
         );
         let ((h, d, o), ()) = block_on(stream.run((h, d, o), |c, (h, d, o)| {
-            c.copy_h2d(h.host(), d.view())?;
-            c.kernel(Kernel::Scale { s: 2.0 }, d.view())?;
-            c.copy_d2h(d.view(), o.host_mut())
+            let d = d.view_mut();
+            c.copy_h2d(h.host(), d)?;
+            c.kernel(Kernel::Scale { s: 2.0 }, d)?;
+            c.copy_d2h(d, o.host_mut())
         }))
         .unwrap();
         assert_eq!((h.len(), d.len(), o.len()), (0, 0, 0));
@@ -625,8 +678,9 @@ fn zero_length_work_and_mismatched_kernel_arguments() {
         );
         let d = DeviceBuffer::<f32>::new(&device, 0).unwrap();
         let ((p, _d, r), ()) = block_on(stream.run((p, d, r), |c, (p, d, r)| {
-            c.copy_h2d(p.host(), d.view())?;
-            c.copy_d2h(d.view(), r.host_mut())
+            let d = d.view_mut();
+            c.copy_h2d(p.host(), d)?;
+            c.copy_d2h(d, r.host_mut())
         }))
         .unwrap();
         assert_eq!((p.len(), r.into_inner().len()), (0, 0));
@@ -635,45 +689,43 @@ fn zero_length_work_and_mismatched_kernel_arguments() {
         let (i, o) = (pool.alloc::<f32>(0).unwrap(), pool.alloc::<f32>(0).unwrap());
         let run = pipe.run(i, o, Kernel::Scale { s: 2.0 }, host::Plan::auto(0), false);
         assert!(block_on(run).is_ok());
-        // compare_sync_async needs data.
-        assert!(matches!(
-            block_on(host::compare::compare(
-                &device,
-                &pool,
-                &pipe,
-                &host::compare::Spec {
-                    n: 0,
-                    kernel: Kernel::Scale { s: 2.0 },
-                    plans: Vec::new(),
-                    reps: 1,
-                    with_bound: false
-                }
-            )),
-            Err(host::Error::InvalidArgument(_))
-        ));
+        // compare_sync_async needs data. The comparison harness now lives in
+        // the demonstration binary (no longer in the library), so it is asked
+        // through its `compare-sync-async` subcommand, on the same backend.
+        compare_sync_async_refuses_zero_elements(&device);
         // Kernel arguments that don't fit: saxpy over x and y of different lengths.
         let (x, y) = (
             DeviceBuffer::<f32>::new(&device, 8).unwrap(),
             DeviceBuffer::<f32>::new(&device, 7).unwrap(),
         );
-        let r = block_on(stream.run((x, y), |c, (x, y)| c.saxpy(2.0, x.view(), y.view())));
+        let r = block_on(stream.run((x, y), |c, (x, y)| c.saxpy(2.0, x.view(), y.view_mut())));
         assert!(
             matches!(
-                r,
-                Err(host::Error::LengthMismatch {
-                    expected: 8,
-                    got: 7,
-                    ..
-                })
+                &r,
+                Err(e) if matches!(
+                    e.error,
+                    host::Error::LengthMismatch {
+                        expected: 8,
+                        got: 7,
+                        ..
+                    }
+                )
             ),
             "{r:?}"
         );
+        assert!(
+            r.is_err_and(|e| e.bundle.is_some()),
+            "the buffers come back with the error"
+        );
         // An engines plan on a pipeline of too few streams.
         let small = host::Pipeline::new(&device, 2).unwrap();
-        let (i, o) = (
+        let (mut i, mut o) = (
             pool.alloc::<f32>(64).unwrap(),
             pool.alloc::<f32>(64).unwrap(),
         );
+        let data = random(64, 64);
+        i.as_mut_slice().copy_from_slice(&data);
+        o.as_mut_slice().fill(-7.0);
         let r = block_on(small.run(
             i,
             o,
@@ -682,12 +734,56 @@ fn zero_length_work_and_mismatched_kernel_arguments() {
             false,
         ));
         assert!(
-            matches!(r, Err(host::Error::InvalidArgument(_))),
+            matches!(&r, Err(e) if matches!(e.error, host::Error::InvalidArgument(_))),
             "{:?}",
-            r.err()
+            r.as_ref().err()
         );
+        // Refused before anything was enqueued: both buffers come back untouched.
+        let (i, o) = r
+            .err()
+            .and_then(|e| e.bundle)
+            .expect("a refused run hands its buffers back");
+        assert_eq!(i.as_slice(), &data[..]);
+        assert!(o.as_slice().iter().all(|&v| v == -7.0));
+        drop((i, o));
         // Everything still works, and nothing is held.
         stream.synchronize().unwrap();
         assert_eq!(pool.stats().in_use_bytes, 0);
     }
+}
+
+/// `host compare-sync-async --size 0` (the demonstration binary, where the
+/// comparison harness lives) fails with the typed `InvalidArgument` error.
+fn compare_sync_async_refuses_zero_elements(device: &host::Device) {
+    // The binary exists when the `demo` feature (a default one) is on.
+    let Some(bin) = option_env!("CARGO_BIN_EXE_host") else {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED (no demonstration binary: the `demo` feature is off): compare_sync_async with 0 elements"
+        );
+        return;
+    };
+    let backend = match device.kind() {
+        host::BackendKind::Cuda => "cuda",
+        host::BackendKind::Cpu => "cpu",
+    };
+    let out_dir = std::env::temp_dir().join(format!(
+        "host-test-compare-zero-{}-{backend}",
+        std::process::id()
+    ));
+    let run = std::process::Command::new(bin)
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .args(["compare-sync-async", "--size", "0"])
+        .env(host::BACKEND_ENV, backend)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success() && stderr.contains("error: invalid argument:"),
+        "{backend}: {:?}: {stderr}",
+        run.status
+    );
 }

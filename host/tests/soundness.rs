@@ -34,7 +34,8 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 /// Holds `stream` on a closed gate; returns the gate (open it with `set(1)`).
 fn hold(stream: &Stream, device: &host::Device) -> Arc<MappedFlag> {
     let gate = Arc::new(MappedFlag::new(device).unwrap());
-    drop(stream.run(gate.clone(), |c, g| c.gate(g)));
+    let held = stream.run(gate.clone(), |c, g| c.gate(g));
+    drop(held);
     gate
 }
 
@@ -71,7 +72,7 @@ fn a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish() {
                     // run_sync would wait after the closure; the panic comes first.
                     let _ = stream.run_sync(bundle, panicking_batch);
                 } else {
-                    let _ = stream.run(bundle, panicking_batch);
+                    drop(stream.run(bundle, panicking_batch));
                 }
             }));
             assert!(panicked.is_err(), "the panic reaches the caller");

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One round of checks on the GPU machine, over the bundle that
+# ../shared/tools/gpu-bundle built into .gpu/ (carry [".gpu"]).
+#
+#   bash bench/gpu-round.sh quick   GPU test suite (REQUIRE_GPU=1), examples, and
+#                                   compute-sanitizer memcheck on the soundness,
+#                                   randomized-API and cancellation suites
+#   bash bench/gpu-round.sh full    the same, then the full demonstration, the peers
+#                                   (CUDA C++, PyTorch), a 40 s load test, and
+#                                   synccheck / racecheck on the soundness suite
+#
+# Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
+# as one file). Exits non-zero if a test, a sanitizer or the demonstration failed.
+set -uo pipefail
+mode=${1:-quick}
+cd "$(dirname "$0")/.."
+R=${OUT:-/tmp}/run
+mkdir -p "$R/logs/san"
+fail=0
+note() { echo "== $*" | tee -a "$R/logs/summary.log"; }
+{ nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$R/logs/gpu.txt" 2>&1
+git rev-parse HEAD > "$R/logs/commit.txt" 2>/dev/null || true
+
+note "tests (REQUIRE_GPU=1)"
+OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
+tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
+
+note "examples"
+for e in .gpu/examples/*; do
+  [ -x "$e" ] || continue
+  n=$(basename "$e")
+  timeout 120 "$e" > "$R/logs/$n.log" 2>&1 || { fail=1; note "EXAMPLE $n FAILED"; }
+done
+
+san() {  # tool, test name, extra args
+  local tool=$1 t=$2; shift 2
+  local exe; exe=$(ls .gpu/tests/"$t"-* 2>/dev/null | head -1)
+  [ -n "$exe" ] || { note "no test executable for $t"; fail=1; return; }
+  REQUIRE_GPU=1 RANDOM_API_STEPS=${RANDOM_API_STEPS:-150} timeout 400 \
+    compute-sanitizer --tool "$tool" "$@" --error-exitcode 9 "$exe" --test-threads=1 \
+    > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
+  grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
+}
+note "compute-sanitizer memcheck"
+for t in soundness random_api cancellation; do san memcheck "$t" --leak-check full; done
+
+if [ "$mode" = full ]; then
+  note "synccheck / racecheck"
+  san synccheck soundness
+  san racecheck soundness
+  note "demonstration"
+  .gpu/bin/host --out-dir "$R/demo" > "$R/logs/demo.log" 2>&1 || { fail=1; note "DEMO FAILED"; }
+  tail -3 "$R/logs/demo.log" | tee -a "$R/logs/summary.log"
+  note "peers"
+  HOST_JSON="$R/demo/host-rust.json" timeout 400 bash bench/peers/run_peers.sh "$R/peers" > "$R/logs/peers.log" 2>&1 || { fail=1; note "PEERS FAILED"; }
+  rm -f "$R/peers/cuda_pipeline"
+  note "load"
+  .gpu/bin/host --out-dir "$R/load" load --seconds 40 > "$R/logs/load.log" 2>&1 || { fail=1; note "LOAD FAILED"; }
+  tail -3 "$R/logs/load.log" | tee -a "$R/logs/summary.log"
+fi
+
+note "round done (fail=$fail)"
+tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run.tgz" run && rm -rf "$R"
+exit $fail
