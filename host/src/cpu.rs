@@ -235,7 +235,7 @@ impl Backend for CpuBackend {
         self.shared.usable()?;
         let (tx, rx) = mpsc::channel::<Task>();
         let shared = self.shared.clone();
-        std::thread::Builder::new()
+        let worker = std::thread::Builder::new()
             .name("cpu-stream".into())
             .spawn(move || {
                 crate::completion::mark_completion_thread();
@@ -246,8 +246,9 @@ impl Backend for CpuBackend {
             })
             .map_err(|e| Error::Internal(format!("cannot start a stream worker: {e}")))?;
         Ok(Box::new(CpuStream {
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Some(tx)),
             shared: self.shared.clone(),
+            worker: Mutex::new(Some(worker)),
         }))
     }
 
@@ -273,8 +274,35 @@ impl Backend for CpuBackend {
 type Task = Box<dyn FnOnce(&Shared, &mut Option<Error>) + Send>;
 
 struct CpuStream {
-    tx: Mutex<mpsc::Sender<Task>>,
+    /// `None` once the stream is being dropped.
+    tx: Mutex<Option<mpsc::Sender<Task>>>,
     shared: Arc<Shared>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for CpuStream {
+    fn drop(&mut self) {
+        // As on CUDA: the queued work runs to completion and its completions
+        // are delivered before the drop returns (the worker drains its queue
+        // and exits when the sender goes). Not when the worker itself drops
+        // its stream (from a deferred release).
+        drop(lock(&self.tx).take());
+        if let Some(w) = lock(&self.worker).take() {
+            if w.thread().id() != std::thread::current().id() {
+                let _ = w.join();
+            }
+        }
+    }
+}
+
+impl CpuStream {
+    fn send(&self, task: Task) -> Result<()> {
+        lock(&self.tx)
+            .as_ref()
+            .ok_or_else(|| Error::Internal("the stream is being dropped".into()))?
+            .send(task)
+            .map_err(|_| Error::Internal("the stream worker has stopped".into()))
+    }
 }
 
 /// A raw address that may cross to the worker thread: the safe layer keeps
@@ -293,9 +321,7 @@ impl CpuStream {
                 *failed = Some(e);
             }
         });
-        lock(&self.tx)
-            .send(task)
-            .map_err(|_| Error::Internal("the stream worker has stopped".into()))
+        self.send(task)
     }
 }
 
@@ -349,9 +375,7 @@ impl RawStream for CpuStream {
             };
             c.complete(result);
         });
-        lock(&self.tx)
-            .send(task)
-            .map_err(|_| Error::Internal("the stream worker has stopped".into()))?;
+        self.send(task)?;
         Ok(RawEvent {
             completion,
             timer: Timer::Cpu(stamp),
@@ -373,9 +397,7 @@ impl RawStream for CpuStream {
                 failed.get_or_insert(e);
             }
         });
-        lock(&self.tx)
-            .send(task)
-            .map_err(|_| Error::Internal("the stream worker has stopped".into()))
+        self.send(task)
     }
 }
 

@@ -29,10 +29,11 @@ use std::task::{Context, Poll};
 
 /// An in-order queue of device work (a CUDA stream, or a CPU worker).
 ///
-/// Clones share the stream. Dropping the last clone lets the work already
-/// queued run to completion; on CUDA it also waits until the stream's
-/// completion thread has delivered the completions still due (so no thread
-/// of ours outlives the stream), which takes as long as that work does.
+/// Clones share the stream. Dropping the last clone waits until the work
+/// already queued has run and the stream's completion thread has delivered
+/// the completions still due (so no thread of ours outlives the stream, and
+/// [`Device::synchronize`] never misses work of a dropped stream), which
+/// takes as long as that work does; on both backends.
 #[derive(Clone)]
 pub struct Stream {
     raw: Arc<dyn RawStream>,
@@ -362,17 +363,15 @@ impl Stream {
                 bundle: None,
             });
         };
-        let waited = if enqueued == 0 {
-            Ok(())
-        } else {
-            self.raw.marker(false).and_then(|raw| {
-                Event {
-                    raw,
-                    device: self.device.clone(),
-                }
-                .synchronize_in_driver()
-            })
-        };
+        // Always waited for, even when `f` queued no copy or kernel: points it
+        // recorded (or waits it queued) are done when this returns too.
+        let waited = self.raw.marker(false).and_then(|raw| {
+            Event {
+                raw,
+                device: self.device.clone(),
+            }
+            .synchronize_in_driver()
+        });
         match (waited, outcome) {
             (Ok(()), Ok(v)) => Ok((bundle, v)),
             (Ok(()), Err(error)) => Err(JobError {

@@ -19,8 +19,8 @@
 use futures::executor::block_on;
 use host::testing::{backends, random_floats, serial, watchdog};
 use host::{
-    DeviceBuffer, Error, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Pipeline, Plan,
-    Stream,
+    DeviceBuffer, Error, Event, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Pipeline,
+    Plan, Stream,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -360,5 +360,48 @@ fn a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_h
             "{}: {seen:?}",
             device.kind()
         );
+    }
+}
+
+#[test]
+fn dropping_a_stream_waits_for_its_queued_work_so_synchronize_misses_nothing() {
+    let _serial = serial();
+    for device in backends("dropped_stream") {
+        let n = 4096;
+        let pool = PinnedPool::new(&device);
+        let stream = Stream::new(&device).unwrap();
+        let mut input = pool.alloc::<f32>(n).unwrap();
+        random_floats(input.as_mut_slice(), 21);
+        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        let gate = hold(&stream, &device);
+        let _watchdog = watchdog(&gate);
+        let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
+        let marker = stream.record().unwrap();
+        drop(job);
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                gate.set(1);
+            })
+        };
+        drop(stream);
+        opener.join().unwrap();
+        assert!(
+            marker.is_done(),
+            "{}: the dropped stream's queued work ran before the drop returned",
+            device.kind()
+        );
+        device.synchronize().unwrap();
+        assert_eq!(pool.stats().blocks_in_use, 0, "{}", device.kind());
+        // A batch that queued no copy or kernel: run_sync still waits for it.
+        let stream = Stream::new(&device).unwrap();
+        let (ev, ()) = stream
+            .run_sync(Vec::<Event>::new(), |c, evs| {
+                evs.push(c.record()?);
+                Ok(())
+            })
+            .unwrap();
+        assert!(ev.iter().all(Event::is_done), "{}", device.kind());
     }
 }
