@@ -246,6 +246,7 @@ impl Stream {
             raw: &*self.raw,
             device: &self.device,
             enqueued: 0,
+            watched: 0,
         }
     }
 
@@ -253,7 +254,7 @@ impl Stream {
     /// `f` enqueued before panicking still run, so the bundle is released
     /// only when they are done (deferred to their completion), and then the
     /// panic goes on.
-    fn enqueue<B, R, F>(&self, bundle: &mut Option<B>, f: F) -> (Result<R>, usize)
+    fn enqueue<B, R, F>(&self, bundle: &mut Option<B>, f: F) -> (Result<R>, usize, usize)
     where
         B: Send + 'static,
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
@@ -263,9 +264,9 @@ impl Stream {
             Some(b) => std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut cmds, b))),
             None => Ok(Err(Error::Internal("no bundle".into()))),
         };
-        let enqueued = cmds.enqueued;
+        let (enqueued, watched) = (cmds.enqueued, cmds.watched);
         match outcome {
-            Ok(outcome) => (outcome, enqueued),
+            Ok(outcome) => (outcome, enqueued, watched),
             Err(panic) => {
                 if let Some(b) = bundle.take() {
                     self.release_when_done(b, enqueued);
@@ -324,7 +325,7 @@ impl Stream {
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
         let mut slot = Some(bundle);
-        let (outcome, enqueued) = self.enqueue(&mut slot, f);
+        let (outcome, enqueued, _) = self.enqueue(&mut slot, f);
         let Some(bundle) = slot else {
             return Job::failed(Error::Internal("bundle lost".into()), None);
         };
@@ -356,7 +357,7 @@ impl Stream {
         F: for<'a> FnOnce(&mut Commands<'a>, &'a mut B) -> Result<R>,
     {
         let mut slot = Some(bundle);
-        let (outcome, enqueued) = self.enqueue(&mut slot, f);
+        let (outcome, enqueued, watched) = self.enqueue(&mut slot, f);
         let Some(bundle) = slot else {
             return Err(JobError {
                 error: Error::Internal("bundle lost".into()),
@@ -364,14 +365,23 @@ impl Stream {
             });
         };
         // Always waited for, even when `f` queued no copy or kernel: points it
-        // recorded (or waits it queued) are done when this returns too.
-        let waited = self.raw.marker(false).and_then(|raw| {
-            Event {
-                raw,
-                device: self.device.clone(),
-            }
-            .synchronize_in_driver()
-        });
+        // recorded (or waits it queued) are done when this returns too. When
+        // it recorded awaitable events, the wait goes through the completion
+        // source (which completes them in order) so they read as done; else
+        // through the driver's own wait on this thread.
+        let waited = if watched > 0 {
+            crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
+                .and_then(|()| self.raw.record(false))
+                .and_then(|raw| raw.completion.block())
+        } else {
+            self.raw.marker(false).and_then(|raw| {
+                Event {
+                    raw,
+                    device: self.device.clone(),
+                }
+                .synchronize_in_driver()
+            })
+        };
         match (waited, outcome) {
             (Ok(()), Ok(v)) => Ok((bundle, v)),
             (Ok(()), Err(error)) => Err(JobError {
@@ -443,6 +453,8 @@ pub struct Commands<'a> {
     raw: &'a dyn RawStream,
     device: &'a Device,
     enqueued: usize,
+    /// Awaitable events recorded in the batch.
+    watched: usize,
 }
 
 impl<'a> Commands<'a> {
@@ -459,6 +471,7 @@ impl<'a> Commands<'a> {
             raw: &*stream.raw,
             device: &stream.device,
             enqueued: 0,
+            watched: 0,
         }
     }
 
@@ -644,6 +657,7 @@ impl<'a> Commands<'a> {
     /// Records an awaitable point at this place of the batch (for other
     /// streams to wait on, or to await part of a batch).
     pub fn record(&mut self) -> Result<Event> {
+        self.watched += 1;
         Ok(Event {
             raw: self.raw.record(false)?,
             device: self.device.clone(),
@@ -652,6 +666,7 @@ impl<'a> Commands<'a> {
 
     /// Records a timed event at this place of the batch.
     pub fn record_timed(&mut self) -> Result<Event> {
+        self.watched += 1;
         Ok(Event {
             raw: self.raw.record(true)?,
             device: self.device.clone(),
