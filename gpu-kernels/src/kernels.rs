@@ -1,60 +1,64 @@
-//! Kernel entry points (nvptx64 only). Each is a few lines: indices in, body out.
-//!
-//! Launch with a 1-D grid. Pointers are device addresses of `f32` buffers;
-//! the host side (`host::kernel`) checks lengths before launching.
+//! The kernels, each declared once with [`kernel_abi::kernels!`]: built for
+//! `nvptx64` they are the PTX entry points, built for the host they are the
+//! types the host library launches (and the CPU emulation runs). Each is a
+//! few lines: indices in, per-thread body out.
 
-use crate::device::{global_thread_id, grid_stride, trap as device_trap};
 use crate::thread;
+use kernel_abi::thread::{global_id, grid_stride, spin_hint, trap as device_trap};
+use kernel_abi::{kernels, Slice, SliceMut};
 
-/// `x[i] *= s` for `i < n`.
-///
-/// # Safety
-/// `x` is a device pointer valid for `n` floats, 4-byte aligned.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn scale(x: *mut f32, n: usize, s: f32) {
-    // SAFETY: the caller's contract; every thread uses the same x, n, stride.
-    unsafe { thread::scale(x, n, s, global_thread_id(), grid_stride()) }
-}
-
-/// `y[i] = a * x[i] + y[i]` for `i < n`, fused.
-///
-/// # Safety
-/// `x` and `y` are device pointers valid for `n` floats, 4-byte aligned.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn saxpy(a: f32, x: *const f32, y: *mut f32, n: usize) {
-    // SAFETY: the caller's contract; every thread uses the same arguments.
-    unsafe { thread::saxpy(a, x, y, n, global_thread_id(), grid_stride()) }
-}
-
-/// `k` dependent FMAs on each `x[i]`: arithmetic intensity `2k / 8` flop per byte.
-///
-/// # Safety
-/// `x` is a device pointer valid for `n` floats, 4-byte aligned.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn intensity(x: *mut f32, n: usize, k: u32) {
-    // SAFETY: the caller's contract; every thread uses the same arguments.
-    unsafe { thread::intensity(x, n, k, global_thread_id(), grid_stride()) }
-}
-
-/// A GPU-side gate: thread 0 spins until the host writes a non-zero value to
-/// `flag` (device-mapped pinned host memory). Work queued behind it on the
-/// stream is held until then; tests use it instead of timers.
-///
-/// # Safety
-/// `flag` is a device-visible pointer to a `u32` that the host will set.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn gate_wait(flag: *const u32) {
-    if global_thread_id() == 0 {
-        // SAFETY: the caller's contract; volatile loads re-read system memory.
-        while unsafe { flag.read_volatile() } == 0 {}
+kernels! {
+    /// `x[i] *= s` for every element.
+    ///
+    /// # Safety
+    /// `x` is valid device memory for its length (the host library builds it
+    /// from a checked view).
+    pub unsafe fn scale(x: SliceMut<f32>, s: f32) {
+        // SAFETY: the contract above; every thread uses the same x, n, stride.
+        unsafe { thread::scale(x.as_mut_ptr(), x.len(), s, global_id(), grid_stride()) }
     }
-}
 
-/// Traps: used by the fault tests to break a context on purpose.
-///
-/// # Safety
-/// Always faults; the context is unusable afterwards.
-#[no_mangle]
-pub unsafe extern "ptx-kernel" fn trap() {
-    device_trap()
+    /// `y[i] = a * x[i] + y[i]`, fused, over the shorter of the two.
+    ///
+    /// # Safety
+    /// `x` and `y` are valid device memory for their lengths; `x` is `y` or
+    /// disjoint from it.
+    pub unsafe fn saxpy(a: f32, x: Slice<f32>, y: SliceMut<f32>) {
+        let n = if x.len() < y.len() { x.len() } else { y.len() };
+        // SAFETY: the contract above; every thread uses the same arguments.
+        unsafe { thread::saxpy(a, x.as_ptr(), y.as_mut_ptr(), n, global_id(), grid_stride()) }
+    }
+
+    /// `k` dependent FMAs on each `x[i]`: arithmetic intensity `2k / 8` flop per byte.
+    ///
+    /// # Safety
+    /// `x` is valid device memory for its length.
+    pub unsafe fn intensity(x: SliceMut<f32>, k: u32) {
+        // SAFETY: the contract above; every thread uses the same arguments.
+        unsafe { thread::intensity(x.as_mut_ptr(), x.len(), k, global_id(), grid_stride()) }
+    }
+
+    /// A GPU-side gate: thread 0 spins until the host writes a non-zero value
+    /// to `flag[0]` (device-mapped pinned host memory). Work queued behind it
+    /// on the stream is held until then; tests use it instead of timers.
+    ///
+    /// # Safety
+    /// `flag` is device-visible memory of at least one `u32` that the host
+    /// will set.
+    pub unsafe fn gate_wait(flag: Slice<u32>) {
+        if global_id() == 0 && !flag.is_empty() {
+            // SAFETY: the contract above; volatile loads re-read system memory.
+            while unsafe { flag.as_ptr().read_volatile() } == 0 {
+                spin_hint();
+            }
+        }
+    }
+
+    /// Traps: used by the fault tests to break a context on purpose.
+    ///
+    /// # Safety
+    /// Always faults; the context is unusable afterwards.
+    pub unsafe fn trap() {
+        device_trap()
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! Built two ways from the same source:
 //! - for `nvptx64-nvidia-cuda` (driven by `host/build.rs`), where the crate is
-//!   `no_std` and [`kernels`] exports `extern "ptx-kernel"` entry points;
+//!   `no_std` and its `kernels` module (built only there) exports
+//!   `extern "ptx-kernel"` entry points;
 //! - for the host, as an ordinary crate, where the per-element bodies in
 //!   [`elementwise`] and the per-thread bodies in [`thread`] are what the CPU
 //!   backend runs and what the tests check.
@@ -19,10 +20,11 @@
 pub mod elementwise;
 pub mod thread;
 
-#[cfg(target_arch = "nvptx64")]
-mod device;
-#[cfg(target_arch = "nvptx64")]
-pub mod kernels;
+mod kernels;
+pub use kernels::*;
 
-/// Names of the kernel entry points, as they appear in the PTX (`.entry`).
-pub const KERNEL_NAMES: [&str; 5] = ["scale", "saxpy", "intensity", "gate_wait", "trap"];
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    kernel_abi::thread::trap()
+}

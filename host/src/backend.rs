@@ -7,7 +7,7 @@
 
 use crate::completion::Completion;
 use crate::error::Result;
-use crate::kernel::KernelCall;
+use crate::kernel::RawLaunch;
 use std::time::Instant;
 
 /// Which backend runs the work.
@@ -94,6 +94,22 @@ pub(crate) enum Timer {
     Cpu(std::sync::Arc<std::sync::OnceLock<Instant>>),
 }
 
+/// A loaded PTX module.
+pub(crate) enum RawModule {
+    /// A CUDA module.
+    Cuda(std::sync::Arc<crate::cuda::ModuleHandle>),
+    /// Nothing to load: the CPU emulation runs the kernels' host build.
+    Cpu,
+}
+
+/// A kernel entry point of a loaded module.
+pub(crate) enum RawFunction {
+    /// A CUDA function (keeps its module loaded).
+    Cuda(crate::cuda::FunctionHandle),
+    /// The CPU emulation runs the kernel's host build.
+    Cpu,
+}
+
 /// Raw device operations.
 ///
 /// # Safety contract for implementors and callers
@@ -155,6 +171,11 @@ pub(crate) trait Backend: Send + Sync {
     /// Both ranges valid for `bytes`.
     unsafe fn copy_d2h_sync(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
 
+    /// Loads a PTX module.
+    fn load_module(&self, ptx: &str) -> Result<RawModule>;
+    /// The entry point `name` of `module`.
+    fn get_function(&self, module: &std::sync::Arc<RawModule>, name: &str) -> Result<RawFunction>;
+
     fn new_stream(&self) -> Result<Box<dyn RawStream>>;
     /// Milliseconds between two timed events: [`Error::NotReady`](crate::Error::NotReady)
     /// when either has not been reached yet (the safe layer checks timing).
@@ -175,8 +196,9 @@ pub(crate) trait RawStream: Send + Sync {
     /// Both device ranges valid for `bytes` until completion.
     unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
     /// # Safety
-    /// Device addresses in `call` valid for its lengths until completion.
-    unsafe fn launch(&self, call: &KernelCall) -> Result<()>;
+    /// The launch's device ranges are valid for their lengths until
+    /// completion, and its function belongs to this backend.
+    unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()>;
     /// Records a point; its completion fires when all work before it is done.
     fn record(&self, timing: bool) -> Result<RawEvent>;
     /// Records a point only other streams wait for: nothing watches it (its

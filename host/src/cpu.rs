@@ -9,20 +9,20 @@
 //!   are asynchronous for the caller. Events complete when the worker reaches
 //!   them; `wait` makes a worker block until another stream's event is done:
 //!   CUDA's ordering semantics.
-//! - Kernels: the per-element bodies of `gpu-kernels`, split over CPU threads.
+//! - Kernels: the host build of the kernel crate, every thread of the grid
+//!   run with emulated indices, blocks spread over CPU threads.
 //! - Faults: the `trap` kernel breaks the emulated context for good, as a GPU
 //!   trap does.
 
 use crate::backend::{
-    Backend, BackendKind, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer,
+    Backend, BackendKind, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawFunction, RawModule,
+    RawStream, Timer,
 };
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
-use crate::kernel::KernelCall;
-use gpu_kernels::elementwise;
+use crate::kernel::RawLaunch;
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -231,6 +231,18 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn load_module(&self, _ptx: &str) -> Result<RawModule> {
+        self.shared.usable()?;
+        Ok(RawModule::Cpu)
+    }
+
+    fn get_function(&self, module: &Arc<RawModule>, _name: &str) -> Result<RawFunction> {
+        match **module {
+            RawModule::Cpu => Ok(RawFunction::Cpu),
+            RawModule::Cuda(_) => Err(Error::InvalidArgument("a module of another backend".into())),
+        }
+    }
+
     fn new_stream(&self) -> Result<Box<dyn RawStream>> {
         self.shared.usable()?;
         let (tx, rx) = mpsc::channel::<Task>();
@@ -352,11 +364,28 @@ impl RawStream for CpuStream {
         })
     }
 
-    unsafe fn launch(&self, call: &KernelCall) -> Result<()> {
-        let call = *call;
+    unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()> {
+        if !matches!(launch.function, RawFunction::Cpu) {
+            return Err(Error::InvalidArgument(
+                "a kernel function of another backend".into(),
+            ));
+        }
+        let RawLaunch {
+            name,
+            config,
+            params,
+            ..
+        } = launch;
         self.push(move |shared| {
-            // SAFETY: addresses valid until completion (caller of launch).
-            unsafe { run_kernel(shared, &call) }
+            // The kernel's host build over the grid; a trap or a panic in any
+            // thread breaks the emulated context, as a GPU trap does.
+            params.emulate(config, shared.workers).map_err(|what| {
+                let err = Error::ContextBroken(format!(
+                    "kernel `{name}` faulted ({what}; CPU emulation of a GPU trap)"
+                ));
+                let _ = shared.broken.set(err.clone());
+                err
+            })
         })
     }
 
@@ -399,94 +428,4 @@ impl RawStream for CpuStream {
         });
         self.send(task)
     }
-}
-
-/// Runs a kernel's per-element bodies over CPU threads.
-///
-/// # Safety
-/// The call's addresses are valid for its lengths and not used concurrently.
-unsafe fn run_kernel(shared: &Shared, call: &KernelCall) -> Result<()> {
-    match *call {
-        KernelCall::Scale { x, n, s } => {
-            // SAFETY: the caller's contract.
-            let x = unsafe { slice_mut(x, n) };
-            par_chunks_mut(x, shared.workers, |c| elementwise::scale_slice(c, s));
-        }
-        KernelCall::Intensity { x, n, k } => {
-            // SAFETY: the caller's contract.
-            let x = unsafe { slice_mut(x, n) };
-            par_chunks_mut(x, shared.workers, |c| elementwise::intensity_slice(c, k));
-        }
-        KernelCall::Saxpy { a, x, y, n } if x == y => {
-            // One operand read and written in place (the safe layer allows the
-            // same range, never a partial overlap): one slice, no aliasing.
-            // SAFETY: the caller's contract.
-            let y = unsafe { slice_mut(y, n) };
-            par_chunks_mut(y, shared.workers, |c| {
-                for v in c {
-                    *v = elementwise::saxpy(a, *v, *v);
-                }
-            });
-        }
-        KernelCall::Saxpy { a, x, y, n } => {
-            // SAFETY: the caller's contract; x and y do not overlap (the safe
-            // layer rejects partial overlap, and equal ranges take the arm above).
-            let (x, y) = unsafe { (slice_mut(x, n), slice_mut(y, n)) };
-            let chunk = chunk_len(n, shared.workers);
-            if chunk == 0 {
-                return Ok(());
-            }
-            std::thread::scope(|s| {
-                for (yc, xc) in y.chunks_mut(chunk).zip(x.chunks(chunk)) {
-                    s.spawn(move || elementwise::saxpy_slice(a, xc, yc));
-                }
-            });
-        }
-        KernelCall::GateWait { flag } => {
-            // SAFETY: a live, 4-byte aligned u32 in mapped host memory (caller).
-            let flag = unsafe { AtomicU32::from_ptr(flag as *mut u32) };
-            while flag.load(Ordering::Acquire) == 0 {
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
-        }
-        KernelCall::Trap => {
-            let err =
-                Error::ContextBroken("kernel `trap` faulted (CPU emulation of a GPU trap)".into());
-            let _ = shared.broken.set(err.clone());
-            return Err(err);
-        }
-    }
-    Ok(())
-}
-
-/// # Safety
-/// `addr` valid for `n` floats, unaliased for the returned lifetime.
-unsafe fn slice_mut<'a>(addr: u64, n: usize) -> &'a mut [f32] {
-    if n == 0 {
-        return &mut [];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, n) }
-}
-
-/// Elements per thread: at least 64 Ki so small launches stay on one thread.
-fn chunk_len(n: usize, workers: usize) -> usize {
-    n.div_ceil(workers.max(1)).max(1 << 16).min(n)
-}
-
-fn par_chunks_mut(x: &mut [f32], workers: usize, f: impl Fn(&mut [f32]) + Sync) {
-    let chunk = chunk_len(x.len(), workers);
-    if chunk == 0 {
-        return;
-    }
-    if chunk == x.len() {
-        f(x);
-        return;
-    }
-    std::thread::scope(|s| {
-        for c in x.chunks_mut(chunk) {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }

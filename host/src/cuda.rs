@@ -21,10 +21,12 @@
 //! parked and done by the next allocation, free, (un)registration, new
 //! stream or synchronize on another thread, or when the device goes.
 
-use crate::backend::{Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawStream, Timer};
+use crate::backend::{
+    Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawFunction, RawModule, RawStream, Timer,
+};
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
-use crate::kernel::KernelCall;
+use crate::kernel::RawLaunch;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::CudaContext;
 use std::ffi::c_void;
@@ -80,9 +82,7 @@ fn code_name(code: CUresult) -> String {
 pub(crate) struct Shared {
     ctx: Arc<CudaContext>,
     broken: OnceLock<Error>,
-    functions: Vec<(&'static str, Func)>,
-    _module: Module,
-    sm_count: u32,
+
     wait_mode: WaitMode,
     /// Recycled events, `[non-timing, timing]`: creating and destroying an
     /// event per recorded point cost a driver call each way on every awaited
@@ -223,20 +223,38 @@ impl Shared {
     }
 }
 
-/// A driver handle that may be used from any thread (driver handles are
-/// thread-safe; the raw pointer types are not marked so).
-struct Module(sys::CUmodule);
+/// A loaded module, unloaded when the last function handle of it goes.
+pub(crate) struct ModuleHandle {
+    module: sys::CUmodule,
+    shared: Arc<Shared>,
+}
 // SAFETY: CUmodule is an opaque driver handle; the driver API is thread-safe.
-unsafe impl Send for Module {}
+unsafe impl Send for ModuleHandle {}
 // SAFETY: as above; the handle is never mutated on our side.
-unsafe impl Sync for Module {}
+unsafe impl Sync for ModuleHandle {}
 
-#[derive(Clone, Copy)]
-struct Func(sys::CUfunction);
+impl Drop for ModuleHandle {
+    fn drop(&mut self) {
+        if self.shared.bind().is_ok() {
+            // SAFETY: our module; every function handle of it holds this
+            // handle's Arc, and a launch keeps its function until enqueued
+            // (the driver keeps what queued work needs).
+            unsafe {
+                sys::cuModuleUnload(self.module);
+            }
+        }
+    }
+}
+
+/// A kernel entry point; holds its module.
+pub(crate) struct FunctionHandle {
+    func: sys::CUfunction,
+    _module: Arc<ModuleHandle>,
+}
 // SAFETY: CUfunction is an opaque driver handle; launching from several threads is allowed.
-unsafe impl Send for Func {}
+unsafe impl Send for FunctionHandle {}
 // SAFETY: as above.
-unsafe impl Sync for Func {}
+unsafe impl Sync for FunctionHandle {}
 
 /// An owned CUDA event, recycled (or destroyed) on drop.
 pub(crate) struct EventHandle {
@@ -327,20 +345,6 @@ impl CudaBackend {
             .result()
             .map_err(drv("cuDriverGetVersion"))?;
 
-        let ptx = std::ffi::CString::new(crate::ptx::PTX)
-            .map_err(|_| Error::Internal("the embedded PTX contains a NUL byte".into()))?;
-        // SAFETY: a NUL-terminated PTX image; the context is current on this thread.
-        let module = unsafe { cudarc::driver::result::module::load_data(ptx.as_ptr().cast()) }
-            .map_err(drv("cuModuleLoadData"))?;
-        let module = Module(module);
-        let mut functions = Vec::new();
-        for name in gpu_kernels::KERNEL_NAMES {
-            let cname = std::ffi::CString::new(name).expect("kernel names have no NUL");
-            // SAFETY: the module is loaded and alive (kept in Shared).
-            let f = unsafe { cudarc::driver::result::module::get_function(module.0, cname) }
-                .map_err(drv("cuModuleGetFunction"))?;
-            functions.push((name, Func(f)));
-        }
         let info = DeviceInfo {
             backend: crate::BackendKind::Cuda,
             name,
@@ -353,9 +357,6 @@ impl CudaBackend {
             shared: Arc::new(Shared {
                 ctx,
                 broken: OnceLock::new(),
-                functions,
-                _module: module,
-                sm_count,
                 wait_mode,
                 free_events: Default::default(),
                 parked: Mutex::new(Vec::new()),
@@ -512,6 +513,42 @@ impl Backend for CudaBackend {
         // SAFETY: valid ranges (caller); synchronous.
         let r = unsafe { sys::cuMemcpyDtoH_v2(dst.cast(), src, bytes) };
         self.shared.check("cuMemcpyDtoH", r)
+    }
+
+    fn load_module(&self, ptx: &str) -> Result<RawModule> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        let text = std::ffi::CString::new(ptx)
+            .map_err(|_| Error::InvalidArgument("PTX text contains a NUL byte".into()))?;
+        // SAFETY: a NUL-terminated PTX image; the context is current on this thread.
+        let module = unsafe { cudarc::driver::result::module::load_data(text.as_ptr().cast()) }
+            .map_err(|e| Error::Driver {
+                call: "cuModuleLoadData",
+                code: code_name(e.0),
+            })?;
+        Ok(RawModule::Cuda(Arc::new(ModuleHandle {
+            module,
+            shared: self.shared.clone(),
+        })))
+    }
+
+    fn get_function(&self, module: &Arc<RawModule>, name: &str) -> Result<RawFunction> {
+        let RawModule::Cuda(m) = &**module else {
+            return Err(Error::InvalidArgument("a module of another backend".into()));
+        };
+        self.shared.bind()?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::InvalidArgument("kernel name with a NUL byte".into()))?;
+        // SAFETY: the module is loaded and alive (m holds it).
+        let func = unsafe { cudarc::driver::result::module::get_function(m.module, cname) }
+            .map_err(|e| Error::Driver {
+                call: "cuModuleGetFunction",
+                code: code_name(e.0),
+            })?;
+        Ok(RawFunction::Cuda(FunctionHandle {
+            func,
+            _module: m.clone(),
+        }))
     }
 
     fn new_stream(&self) -> Result<Box<dyn RawStream>> {
@@ -701,64 +738,27 @@ impl RawStream for CudaStream {
         self.shared.check("cuMemcpyDtoDAsync", r)
     }
 
-    unsafe fn launch(&self, call: &KernelCall) -> Result<()> {
+    unsafe fn launch(&self, mut launch: RawLaunch<'_>) -> Result<()> {
         self.shared.usable()?;
         // Any thread may enqueue (tokio workers, watchers): make the context current.
         self.shared.bind()?;
-        if matches!(
-            call,
-            KernelCall::Scale { n: 0, .. }
-                | KernelCall::Intensity { n: 0, .. }
-                | KernelCall::Saxpy { n: 0, .. }
-        ) {
-            return Ok(());
-        }
-        let func = self
-            .shared
-            .functions
-            .iter()
-            .find(|(n, _)| *n == call.name())
-            .map(|(_, f)| *f)
-            .ok_or_else(|| Error::Internal(format!("kernel {} not in the PTX", call.name())))?;
-        // Argument storage in the order of the `extern "ptx-kernel"` signatures.
-        let mut u64s = [0u64; 3];
-        let mut f32s = [0f32; 1];
-        let mut u32s = [0u32; 1];
-        let mut params: Vec<*mut c_void> = Vec::with_capacity(4);
-        match *call {
-            KernelCall::Scale { x, n, s } => {
-                (u64s[0], u64s[1], f32s[0]) = (x, n as u64, s);
-                params.extend([ptr(&mut u64s[0]), ptr(&mut u64s[1]), ptr(&mut f32s[0])]);
-            }
-            KernelCall::Saxpy { a, x, y, n } => {
-                (f32s[0], u64s[0], u64s[1], u64s[2]) = (a, x, y, n as u64);
-                params.extend([
-                    ptr(&mut f32s[0]),
-                    ptr(&mut u64s[0]),
-                    ptr(&mut u64s[1]),
-                    ptr(&mut u64s[2]),
-                ]);
-            }
-            KernelCall::Intensity { x, n, k } => {
-                (u64s[0], u64s[1], u32s[0]) = (x, n as u64, k);
-                params.extend([ptr(&mut u64s[0]), ptr(&mut u64s[1]), ptr(&mut u32s[0])]);
-            }
-            KernelCall::GateWait { flag } => {
-                u64s[0] = flag;
-                params.push(ptr(&mut u64s[0]));
-            }
-            KernelCall::Trap => {}
-        }
-        let (grid, block) = call.grid(self.shared.sm_count);
-        // SAFETY: the function comes from our loaded module; `params` points at
-        // live locals of the declared types; addresses valid until completion (caller).
+        let RawFunction::Cuda(f) = launch.function else {
+            return Err(Error::InvalidArgument(
+                "a kernel function of another backend".into(),
+            ));
+        };
+        let mut params = launch.params.pointers();
+        let c = launch.config;
+        // SAFETY: the function comes from a loaded module of this context;
+        // `params` points at one live value of each declared parameter type
+        // (the declaration's tuple); ranges valid until completion (caller).
         let r = unsafe {
             sys::cuLaunchKernel(
-                func.0,
-                grid,
+                f.func,
+                c.grid,
                 1,
                 1,
-                block,
+                c.block,
                 1,
                 1,
                 0,
@@ -810,8 +810,4 @@ impl RawStream for CudaStream {
             )),
         }
     }
-}
-
-fn ptr<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
 }

@@ -5,6 +5,7 @@ use crate::backend::{Backend, BackendKind, DeviceInfo, RawStream};
 use crate::cpu::{CpuBackend, LockPolicy};
 use crate::cuda::{CudaBackend, WaitMode};
 use crate::error::{Error, Result};
+use crate::kernel::Builtins;
 use std::sync::{Arc, Mutex, Weak};
 
 /// Which backend to open.
@@ -72,6 +73,8 @@ pub struct Device {
     pub(crate) live_buffers: Arc<std::sync::atomic::AtomicUsize>,
     /// The streams opened on this device (for `synchronize`).
     streams: Arc<Mutex<Vec<Weak<dyn RawStream>>>>,
+    /// The in-tree kernels, loaded at open (lazily for `Device::cpu`).
+    builtins: Arc<std::sync::OnceLock<Builtins>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -82,7 +85,17 @@ impl std::fmt::Debug for Device {
 
 impl Device {
     /// Opens a device as `opts` says.
+    ///
+    /// # Errors
+    /// `BackendUnavailable` (CUDA forced without a driver), `NoSuchDevice`,
+    /// or the driver's error (the in-tree kernels' PTX is loaded here).
     pub fn open(opts: DeviceOptions) -> Result<Device> {
+        let device = Self::open_backend(opts)?;
+        device.builtins()?;
+        Ok(device)
+    }
+
+    fn open_backend(opts: DeviceOptions) -> Result<Device> {
         match opts.backend {
             BackendChoice::Cuda => {
                 let b = CudaBackend::new(opts.ordinal, opts.wait_mode)?;
@@ -122,6 +135,7 @@ impl Device {
             note,
             live_buffers: Arc::default(),
             streams: Arc::default(),
+            builtins: Arc::default(),
         }
     }
 
@@ -208,6 +222,16 @@ impl Device {
         let mut streams = crate::completion::lock(&self.streams);
         streams.retain(|w| w.strong_count() > 0);
         streams.push(Arc::downgrade(raw));
+    }
+
+    /// The in-tree kernels of `gpu-kernels` on this device.
+    pub(crate) fn builtins(&self) -> Result<&Builtins> {
+        if let Some(b) = self.builtins.get() {
+            return Ok(b);
+        }
+        let loaded = Builtins::load(self)?;
+        // Another thread may have won the race; either copy is the same.
+        Ok(self.builtins.get_or_init(|| loaded))
     }
 
     /// Identity used to reject mixing buffers of different devices.

@@ -59,7 +59,9 @@ pub use cpu::{memlock_limit, LockPolicy};
 pub use cuda::{driver_present, WaitMode};
 pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV};
 pub use error::{Error, JobError, Result};
-pub use kernel::Kernel;
+pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
+/// Kernel declarations: the macro, the parameter types, the thread indices.
+pub use kernel_abi;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
 pub use memory::MappedFlag;

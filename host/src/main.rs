@@ -138,8 +138,9 @@ fn run(cli: Cli) -> host::Result<()> {
     };
     let device = host::Device::open(opts)?;
     println!("{}", device.banner());
-    let out = cli.out_dir;
-    std::fs::create_dir_all(&out)?;
+    std::fs::create_dir_all(&cli.out_dir)?;
+    // Absolute, so every "wrote" line says exactly where the file is.
+    let out = std::fs::canonicalize(&cli.out_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

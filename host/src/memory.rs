@@ -450,12 +450,14 @@ impl MappedFlag {
         self.atomic().load(std::sync::atomic::Ordering::Acquire)
     }
 
-    pub(crate) fn device_addr(&self) -> u64 {
-        self.device_addr
-    }
-
-    pub(crate) fn device_id(&self) -> usize {
-        self.buf.device.id()
+    /// The flag as a one-element device view (its mapped address).
+    pub(crate) fn view(&self) -> DeviceSlice<'_, u32> {
+        DeviceSlice {
+            addr: self.device_addr,
+            len: 1,
+            device_id: self.buf.device.id(),
+            _p: PhantomData,
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use crate::backend::{RawEvent, RawStream};
 use crate::completion::{Completion, Wait};
 use crate::device::Device;
 use crate::error::{Error, JobError, Result};
-use crate::kernel::{Kernel, KernelCall};
+use crate::kernel::{check_overlaps, Args, Function, Kernel, LaunchConfig, RawLaunch, TypedParams};
 use crate::memory::{check_len, overlaps, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 use bytemuck::Pod;
 use std::future::Future;
@@ -567,14 +567,87 @@ impl<'a> Commands<'a> {
         Ok(())
     }
 
+    /// Launches kernel `K` with `args`: a tuple matching the parameter list
+    /// its declaration gives (`DeviceSlice` for `Slice<T>`, `DeviceSliceMut`
+    /// for `SliceMut<T>`, scalars for scalars, [`crate::ByValue`] for a
+    /// `#[repr(C)]` struct), checked at compile time. Device views must come
+    /// from the bundle, like every command's. On the CPU emulation the
+    /// kernel's host build runs over the same grid.
+    ///
+    /// ```ignore
+    /// let f = module.function::<my_kernels::axpby>()?;
+    /// stream.run((x, y), move |c, (x, y)| {
+    ///     let cfg = LaunchConfig::grid_stride(c.device(), x.len());
+    ///     c.launch(&f, cfg, (2.0f32, x.view(), 0.5f32, y.view_mut()))
+    /// })
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Overlap`] when a writable range overlaps another range of
+    /// the launch; `InvalidArgument` for memory or a function of another
+    /// device; a grid or block of zero threads; the driver's launch error.
+    pub fn launch<K, A>(&mut self, f: &Function<K>, config: LaunchConfig, args: A) -> Result<()>
+    where
+        K: kernel_abi::Kernel,
+        A: Args<'a, Params = K::Params>,
+    {
+        self.launch_checked(f, config, args, false)
+    }
+
+    fn launch_checked<K, A>(
+        &mut self,
+        f: &Function<K>,
+        config: LaunchConfig,
+        args: A,
+        same_range_ok: bool,
+    ) -> Result<()>
+    where
+        K: kernel_abi::Kernel,
+        A: Args<'a, Params = K::Params>,
+    {
+        self.same_device(f.device_id)?;
+        if config.grid == 0 || config.block == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a launch of `{}` with {} blocks of {} threads",
+                K::NAME,
+                config.grid,
+                config.block
+            )));
+        }
+        let mut touches = Vec::new();
+        let params = args.params(self.device.id(), &mut touches)?;
+        check_overlaps(K::NAME, &touches, same_range_ok)?;
+        let launch = RawLaunch {
+            name: K::NAME,
+            function: &f.raw,
+            config,
+            params: Box::new(TypedParams::<K>(params)),
+        };
+        // SAFETY: every device range in the parameters comes from a view
+        // borrowed from the bundle for 'a (the `Arg` impls), which the job
+        // owns until completion; writable ranges overlap no other range.
+        unsafe { self.raw.launch(launch)? };
+        self.enqueued += 1;
+        Ok(())
+    }
+
+    /// The device of this batch's stream.
+    pub fn device(&self) -> &Device {
+        self.device
+    }
+
     /// Applies an elementwise kernel to `x` in place.
     ///
     /// # Errors
     /// `InvalidArgument` for memory of another device.
     pub fn kernel(&mut self, kernel: Kernel, x: DeviceSliceMut<'a, f32>) -> Result<()> {
-        self.same_device(x.device_id)?;
-        // SAFETY: x is device memory borrowed from the bundle for 'a.
-        unsafe { self.launch_raw(&kernel.call(x.addr, x.len)) }
+        let b = self.device.builtins()?;
+        // Grid-stride over 16-byte vectors.
+        let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
+        match kernel {
+            Kernel::Scale { s } => self.launch(&b.scale, config, (x, s)),
+            Kernel::Intensity { k } => self.launch(&b.intensity, config, (x, k)),
+        }
     }
 
     /// `y = a * x + y` (fused multiply-add); lengths must match. `x` may be
@@ -590,24 +663,12 @@ impl<'a> Commands<'a> {
         y: DeviceSliceMut<'a, f32>,
     ) -> Result<()> {
         let x = x.into();
-        self.same_device(x.device_id)?;
-        self.same_device(y.device_id)?;
         check_len("saxpy (y vs x)", x.len, y.len)?;
-        if x.addr != y.addr && overlaps(x, y.into()) {
-            return Err(Error::Overlap {
-                what: "saxpy (x partly overlaps y)",
-            });
-        }
-        // SAFETY: device memory borrowed from the bundle for 'a; stream order
-        // serialises access; x is y or disjoint from it.
-        unsafe {
-            self.launch_raw(&KernelCall::Saxpy {
-                a,
-                x: x.addr,
-                y: y.addr,
-                n: x.len,
-            })
-        }
+        let b = self.device.builtins()?;
+        let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
+        // Elementwise: each thread reads x[i] and y[i] and writes y[i] only,
+        // so x may be y itself.
+        self.launch_checked(&b.saxpy, config, (a, x, y), true)
     }
 
     /// Holds the stream until `flag` is set by the host (a GPU-side gate;
@@ -615,21 +676,16 @@ impl<'a> Commands<'a> {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn gate(&mut self, flag: &'a crate::memory::MappedFlag) -> Result<()> {
-        self.same_device(flag.device_id())?;
-        // SAFETY: the flag is borrowed for 'a, from the bundle that owns it.
-        unsafe {
-            self.launch_raw(&KernelCall::GateWait {
-                flag: flag.device_addr(),
-            })
-        }
+        let b = self.device.builtins()?;
+        self.launch(&b.gate_wait, LaunchConfig::SINGLE, (flag.view(),))
     }
 
     /// Launches the `trap` kernel: breaks the context (fault tests only).
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn trap(&mut self) -> Result<()> {
-        // SAFETY: the kernel touches no memory.
-        unsafe { self.launch_raw(&KernelCall::Trap) }
+        let b = self.device.builtins()?;
+        self.launch(&b.trap, LaunchConfig::SINGLE, ())
     }
 
     /// Orders the rest of this batch after `event` (of any stream of the
@@ -671,15 +727,6 @@ impl<'a> Commands<'a> {
             raw: self.raw.record(true)?,
             device: self.device.clone(),
         })
-    }
-
-    /// # Safety
-    /// The call's addresses are valid for its lengths until the job completes.
-    unsafe fn launch_raw(&mut self, call: &KernelCall) -> Result<()> {
-        // SAFETY: forwarded.
-        unsafe { self.raw.launch(call)? };
-        self.enqueued += 1;
-        Ok(())
     }
 }
 

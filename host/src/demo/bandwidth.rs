@@ -3,7 +3,8 @@
 //! once; and what a pinned buffer costs to get: driver allocation vs
 //! registration vs a pool hit.
 
-use super::report::{median, Meta};
+use super::fmt::{size, Words};
+use super::report::{cell, median, Meta};
 use futures::executor::block_on;
 use futures::TryFutureExt;
 use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
@@ -25,6 +26,41 @@ pub struct Row {
     /// Both directions at once (total bytes moved / time).
     pub bidirectional: f64,
     pub reps: usize,
+    /// The pinned buffers were page-locked (false only on the CPU emulation,
+    /// when the memlock limit refused `mlock`: they are then plain memory).
+    pub locked: bool,
+}
+
+/// A line of bandwidth.csv: GB/s to three decimals, an empty cell where
+/// nothing was measured (raw driver copies on the CPU emulation).
+#[derive(Serialize)]
+pub struct CsvRow {
+    pub bytes: usize,
+    pub h2d_pinned: Option<f64>,
+    pub h2d_raw: Option<f64>,
+    pub h2d_pageable: Option<f64>,
+    pub d2h_pinned: Option<f64>,
+    pub d2h_raw: Option<f64>,
+    pub d2h_pageable: Option<f64>,
+    pub bidirectional: Option<f64>,
+    pub locked: bool,
+}
+
+impl From<&Row> for CsvRow {
+    fn from(r: &Row) -> CsvRow {
+        let c = |v: f64| cell(v, 3);
+        CsvRow {
+            bytes: r.bytes,
+            h2d_pinned: c(r.h2d_pinned),
+            h2d_raw: r.h2d_raw.and_then(c),
+            h2d_pageable: c(r.h2d_pageable),
+            d2h_pinned: c(r.d2h_pinned),
+            d2h_raw: r.d2h_raw.and_then(c),
+            d2h_pageable: c(r.d2h_pageable),
+            bidirectional: c(r.bidirectional),
+            locked: r.locked,
+        }
+    }
 }
 
 #[derive(Serialize, Clone)]
@@ -75,12 +111,13 @@ pub fn run(
     let raw = raw::Raw::new(device);
     let mut rows = Vec::new();
     for bytes in sizes(max_bytes) {
-        progress.set_message(format!("bandwidth {} MiB", bytes >> 20));
+        progress.set_message(format!("bandwidth, {} copies", size(bytes)));
         let n = bytes / 4;
         let reps = if bytes >= 256 << 20 { 11 } else { 21 };
         let mut src = PinnedBuffer::<f32>::new(device, n)?;
         host::testing::random_floats(src.as_mut_slice(), 3);
         let mut dst = PinnedBuffer::<f32>::new(device, n)?;
+        let locked = src.is_locked() && dst.is_locked();
         let mut dev = DeviceBuffer::<f32>::new(device, n)?;
         let mut dev2 = DeviceBuffer::<f32>::new(device, n)?;
         let mut pageable = src.as_slice().to_vec();
@@ -145,12 +182,13 @@ pub fn run(
             d2h_raw,
             bidirectional: gbps(2 * bytes, median(&bi)),
             reps,
+            locked,
         });
         progress.inc(1);
     }
     let mut alloc = Vec::new();
     for &bytes in alloc_sizes {
-        progress.set_message(format!("allocation cost {} MiB", bytes >> 20));
+        progress.set_message(format!("cost of a {} pinned buffer", size(bytes)));
         alloc.push(alloc_cost(device, bytes)?);
         progress.inc(1);
     }
@@ -210,34 +248,103 @@ fn alloc_cost(device: &Device, bytes: usize) -> host::Result<AllocCost> {
 }
 
 pub fn print(res: &Results) {
-    println!("\nbandwidth (GB/s, medians) — pinned vs pageable, and raw driver copies of the same bytes:");
+    let w = Words::for_kind(res.meta.backend);
+    let raw = res.rows.iter().any(|r| r.h2d_raw.is_some());
+    let reps = res.rows.first().map_or(0, |r| r.reps);
+    if w.cpu {
+        println!("\ncopy bandwidth (GB/s, medians of {reps}); gain = pinned / pageable. On the CPU emulation");
+        println!("both are memcpy: \"pinned\" (mmap+mlock) is copied by a stream's worker thread and awaited,");
+        println!("\"pageable\" (a Vec) on the calling thread, so a gain near or below 1x is expected here; on a");
+        println!("GPU, pinned memory is what the copy engine reads directly. Raw driver copies (H2D raw,");
+        println!("D2H raw): not measured on the CPU emulation.");
+    } else if raw {
+        println!("\ncopy bandwidth (GB/s, medians of {reps}): pinned vs pageable, and raw driver copies of the same bytes");
+        println!("(cuMemcpyHtoDAsync / cuMemcpyDtoHAsync + cuStreamSynchronize); gain = pinned / pageable:");
+    } else {
+        println!("\ncopy bandwidth (GB/s, medians of {reps}): pinned vs pageable; gain = pinned / pageable");
+        println!(
+            "(raw driver copies: not measured, the driver's own context could not be set up):"
+        );
+    }
+    let head_raw = |name: &str| {
+        if raw {
+            format!(" {name:>10}")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "{:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10}",
+        "{:>9} {:>10}{} {:>10} {:>10}{} {:>10} {:>8} {:>8} {:>10}",
         "size",
         "H2D pin",
-        "H2D raw",
+        head_raw("H2D raw"),
         "H2D page",
         "D2H pin",
-        "D2H raw",
+        head_raw("D2H raw"),
         "D2H page",
-        "H2D x",
-        "D2H x",
+        "H2D gain",
+        "D2H gain",
         "both dirs"
     );
     for r in &res.rows {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        let f = |v: Option<f64>| {
+            if raw {
+                format!(" {:>10}", v.map_or("-".to_string(), |v| format!("{v:.1}")))
+            } else {
+                String::new()
+            }
+        };
         println!(
-            "{:>6} MiB {:>10.1} {:>10} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>7.1}x {:>7.1}x {:>10.1}",
-            r.bytes >> 20, r.h2d_pinned, f(r.h2d_raw), r.h2d_pageable, r.d2h_pinned, f(r.d2h_raw), r.d2h_pageable,
-            r.h2d_pinned / r.h2d_pageable, r.d2h_pinned / r.d2h_pageable, r.bidirectional
+            "{:>9} {:>10.1}{} {:>10.1} {:>10.1}{} {:>10.1} {:>7.2}x {:>7.2}x {:>10.1}",
+            size(r.bytes),
+            r.h2d_pinned,
+            f(r.h2d_raw),
+            r.h2d_pageable,
+            r.d2h_pinned,
+            f(r.d2h_raw),
+            r.d2h_pageable,
+            r.h2d_pinned / r.h2d_pageable,
+            r.d2h_pinned / r.d2h_pageable,
+            r.bidirectional
+        );
+    }
+    let unlocked: Vec<String> = res
+        .rows
+        .iter()
+        .filter(|r| !r.locked)
+        .map(|r| size(r.bytes))
+        .collect();
+    if !unlocked.is_empty() {
+        println!(
+            "note: the memlock limit (ulimit -l: {}) refused to lock the {} buffers; they ran as plain mmap memory",
+            memlock_limit(),
+            unlocked.join(", ")
         );
     }
     println!("\ncost of a pinned buffer (medians):");
     for a in &res.alloc {
         println!(
-            "{:>6} MiB: driver alloc {:.2} ms + free {:.2} ms; register {:.2} ms + unregister {:.2} ms; pool hit (alloc+free) {:.2} us",
-            a.bytes >> 20, a.driver_alloc_ms, a.driver_free_ms, a.register_ms, a.unregister_ms, a.pool_hit_us
+            "{:>9}: {} {:.2} ms + {} {:.2} ms\n{:>9}  {} {:.2} ms + {} {:.2} ms\n{:>9}  pool hit (alloc + free) {:.2} us",
+            size(a.bytes), w.host_alloc(), a.driver_alloc_ms, w.host_free(), a.driver_free_ms,
+            "", w.register(), a.register_ms, w.unregister(), a.unregister_ms, "", a.pool_hit_us
         );
+    }
+}
+
+/// The soft memlock limit, human-readable.
+fn memlock_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: writes one rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return "unknown".into();
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        super::fmt::bytes(lim.rlim_cur)
     }
 }
 

@@ -5,12 +5,15 @@
 //! bound: all bytes in and all bytes out at once, as two whole-array copies
 //! on two streams, which no schedule of these copies can beat.
 
+use super::fmt::{elems, faster_or_slower, size, Words};
+use super::report::percentile;
 use futures::TryFutureExt;
 use host::testing::{random_floats, verify};
 use host::{
     Device, DeviceBuffer, Error, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, PooledBuffer,
     Result, Stream,
 };
+use indicatif::ProgressBar;
 use std::time::Instant;
 
 /// Results of one comparison (milliseconds are medians over the repetitions).
@@ -22,10 +25,14 @@ pub struct Comparison {
     pub kernel: Kernel,
     /// Synchronous total.
     pub sync_ms: f64,
+    /// Its interquartile range over the repetitions (p25, p75).
+    pub sync_iqr_ms: [f64; 2],
     /// Synchronous stages: host-to-device, kernel, device-to-host.
     pub stage_ms: [f64; 3],
     /// Pipelined total, with the best plan tried.
     pub async_ms: f64,
+    /// Its interquartile range over the repetitions (p25, p75).
+    pub async_iqr_ms: [f64; 2],
     /// The plan of `async_ms`.
     pub plan: Plan,
     /// Host time to issue a run of `plan` (the call to `Pipeline::run`), median.
@@ -55,9 +62,8 @@ pub struct Comparison {
     pub reps: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+fn median(v: Vec<f64>) -> f64 {
+    super::report::median(&v)
 }
 
 fn ms(t: Instant) -> f64 {
@@ -79,12 +85,27 @@ pub struct Spec {
     pub with_bound: bool,
 }
 
-/// Runs the comparison described by `spec`.
+impl Spec {
+    /// Timed runs [`compare`] makes (warm-ups included): the length of its
+    /// progress bar.
+    pub fn steps(&self) -> u64 {
+        let runs = self.reps.max(1) as u64 + 1;
+        let bound = if self.with_bound { 5 * runs } else { 0 };
+        runs * (1 + self.plans.len().max(1) as u64) + bound
+    }
+}
+
+fn iqr(v: &[f64]) -> [f64; 2] {
+    [percentile(v, 0.25), percentile(v, 0.75)]
+}
+
+/// Runs the comparison described by `spec`, one `progress` step a run.
 pub async fn compare(
     device: &Device,
     pool: &PinnedPool,
     pipeline: &Pipeline,
     spec: &Spec,
+    progress: &ProgressBar,
 ) -> Result<Comparison> {
     let Spec {
         n,
@@ -105,9 +126,10 @@ pub async fn compare(
     let mut dev = DeviceBuffer::<f32>::new(device, n)?;
     let stream = Stream::new(device)?;
 
-    // Synchronous: each stage waited for before the next is issued.
+    // Synchronous: each stage waited for before the next is issued. The
+    // first repetition is a warm-up.
     let (mut sync, mut stages) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
-    for _ in 0..=reps {
+    for rep in 0..=reps {
         let t = Instant::now();
         let ((i, d), ()) = stream.copy_h2d(input, dev).await?;
         let h2d = ms(t);
@@ -117,17 +139,15 @@ pub async fn compare(
         let t2 = Instant::now();
         let ((d, o), ()) = stream.copy_d2h(d, output).await?;
         let d2h = ms(t2);
-        sync.push(ms(t));
-        for (s, v) in stages.iter_mut().zip([h2d, k, d2h]) {
-            s.push(v);
+        if rep > 0 {
+            sync.push(ms(t));
+            for (s, v) in stages.iter_mut().zip([h2d, k, d2h]) {
+                s.push(v);
+            }
         }
         (input, dev, output) = (i, d, o);
+        progress.inc(1);
     }
-    // The first repetition is a warm-up.
-    sync.remove(0);
-    stages.iter_mut().for_each(|s| {
-        s.remove(0);
-    });
     // The sync result after `reps + 1` applications is not checked: restore input.
     drop(dev);
 
@@ -153,8 +173,10 @@ pub async fn compare(
                 enqueue[k].push(issued);
             }
             (input, output) = (i, o);
+            progress.inc(1);
         }
     }
+    let iqrs: Vec<[f64; 2]> = times.iter().map(|t| iqr(t)).collect();
     let tried: Vec<(Plan, f64)> = plans
         .iter()
         .zip(times)
@@ -176,7 +198,7 @@ pub async fn compare(
     // on another.
     drop((input, output));
     let bound_by_pieces = if with_bound {
-        bidirectional_ms(device, pool, n, reps).await?
+        bidirectional_ms(device, pool, n, reps, progress).await?
     } else {
         Vec::new()
     };
@@ -185,13 +207,16 @@ pub async fn compare(
     let stage_ms = stages.map(median);
     let sum: f64 = stage_ms.iter().sum();
     let longest = stage_ms.iter().copied().fold(0.0, f64::max);
+    let sync_iqr_ms = iqr(&sync);
     let sync_ms = median(sync);
     Ok(Comparison {
         n,
         kernel,
         sync_ms,
+        sync_iqr_ms,
         stage_ms,
         async_ms,
+        async_iqr_ms: iqrs.get(best).copied().unwrap_or([f64::NAN; 2]),
         plan,
         enqueue_ms: enqueue_ms.get(best).copied().unwrap_or(f64::NAN),
         plans: tried,
@@ -220,6 +245,7 @@ pub async fn bidirectional_ms(
     pool: &PinnedPool,
     n: usize,
     reps: usize,
+    progress: &ProgressBar,
 ) -> Result<Vec<(usize, f64)>> {
     let (s1, s2) = (Stream::new(device)?, Stream::new(device)?);
     let (mut hin, mut hout) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
@@ -256,6 +282,7 @@ pub async fn bidirectional_ms(
                 futures::future::try_join(up.err_into::<Error>(), down.err_into::<Error>()).await?;
             times.push(ms(t));
             (hin, d1, d2, hout) = (a, b, c, d);
+            progress.inc(1);
         }
         times.remove(0);
         by_pieces.push((plan.chunks, median(times)));
@@ -263,28 +290,100 @@ pub async fn bidirectional_ms(
     Ok(by_pieces)
 }
 
+/// How far a comparison can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// A clear difference (or a clear tie).
+    Clear,
+    /// The runs take so little time that fixed per-operation costs dominate.
+    TooSmall,
+    /// The middle halves of the two samples overlap: no clear difference.
+    WithinNoise,
+}
+
 impl Comparison {
-    /// The seed's printout.
-    pub fn print(&self) {
+    pub fn verdict(&self, w: Words) -> Verdict {
+        let [s25, s75] = self.sync_iqr_ms;
+        let [a25, a75] = self.async_iqr_ms;
+        if self.sync_ms.min(self.async_ms) < w.too_small_ms() {
+            Verdict::TooSmall
+        } else if s25 <= a75 && a25 <= s75 {
+            Verdict::WithinNoise
+        } else {
+            Verdict::Clear
+        }
+    }
+
+    /// `2.15x faster`, `1.19x slower`, with a word on how sure it is.
+    pub fn result(&self, w: Words) -> String {
+        let r = faster_or_slower(self.async_ms, self.sync_ms);
+        match self.verdict(w) {
+            Verdict::Clear => r,
+            Verdict::TooSmall => format!("{r}, but too small to measure meaningfully"),
+            Verdict::WithinNoise => format!("{r}, within the run-to-run spread"),
+        }
+    }
+
+    /// `overlap 59%`, or why there is none.
+    pub fn overlap_words(&self) -> String {
+        let sum: f64 = self.stage_ms.iter().sum();
+        if self.async_ms >= sum {
+            "no overlap (async takes longer than the three steps in a row)".into()
+        } else {
+            format!("overlap {:.0}%", self.overlap * 100.0)
+        }
+    }
+
+    /// The async time against the copy bound, or why that bound does not apply.
+    pub fn bound_words(&self) -> Option<String> {
+        if !self.bidir_bound_ms.is_finite() {
+            return None;
+        }
+        let [h2d, k, d2h] = self.stage_ms;
+        Some(if k >= h2d + d2h {
+            format!(
+                "copy bound {:.3} ms: not the limit here, the kernel takes {:.0}% of the sync time",
+                self.bidir_bound_ms,
+                100.0 * k / self.sync_ms,
+            )
+        } else {
+            format!(
+                "copy bound {:.3} ms: async takes {:.2}x that",
+                self.bidir_bound_ms, self.async_over_bound
+            )
+        })
+    }
+
+    /// The seed's printout: sync and async times, and what they mean.
+    pub fn print(&self, w: Words) {
         println!(
-            "compare_sync_async(n = {}, {}): sync {:.3} ms (H2D {:.3} + kernel {:.3} + D2H {:.3}), async {:.3} ms \
-             [{}, issued in {:.3} ms]: {:.2}x faster ({:+.0}%), overlap {:.0}%, {:.3}x the bidirectional copy bound ({:.3} ms){}",
+            "compare_sync_async({}): {} floats ({}), {}",
             self.n,
-            self.kernel.label(),
-            self.sync_ms,
-            self.stage_ms[0],
-            self.stage_ms[1],
-            self.stage_ms[2],
-            self.async_ms,
-            self.plan,
-            self.enqueue_ms,
-            self.speedup,
-            (1.0 - self.async_ms / self.sync_ms) * 100.0,
-            self.overlap * 100.0,
-            self.async_over_bound,
-            self.bidir_bound_ms,
-            if self.verified { ", verified" } else { ", RESULT MISMATCH" }
+            elems(self.n),
+            size(self.n * 4),
+            self.kernel.label()
         );
+        println!(
+            "  sync  {:>9.3} ms  (H2D {:.3} + kernel {:.3} + D2H {:.3})",
+            self.sync_ms, self.stage_ms[0], self.stage_ms[1], self.stage_ms[2]
+        );
+        println!(
+            "  async {:>9.3} ms  ({}; issued in {:.3} ms)",
+            self.async_ms, self.plan, self.enqueue_ms
+        );
+        println!("  async is {}", self.result(w));
+        println!(
+            "  {}; {}",
+            self.overlap_words(),
+            if self.verified {
+                "verified bit for bit"
+            } else {
+                "RESULT MISMATCH"
+            }
+        );
+        if let Some(b) = self.bound_words() {
+            println!("  {b}");
+        }
     }
 }
 
@@ -302,7 +401,13 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
         reps: 10,
         with_bound: true,
     };
-    let c = futures::executor::block_on(compare(&device, &pool, &pipeline, &spec))?;
-    c.print();
+    let c = futures::executor::block_on(compare(
+        &device,
+        &pool,
+        &pipeline,
+        &spec,
+        &ProgressBar::hidden(),
+    ))?;
+    c.print(Words::of(&device));
     Ok(c)
 }

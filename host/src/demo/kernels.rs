@@ -1,6 +1,7 @@
 //! `host kernels`: every kernel on the device against the CPU, bit for bit,
 //! and `scale` timed against a device-to-device copy of the same bytes.
 
+use super::fmt::{elems, ms, Words};
 use super::report::{median, random_floats, write_json, Meta};
 use futures::executor::block_on;
 use host::{Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
@@ -70,11 +71,15 @@ fn on_device(
 }
 
 pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
+    let w = Words::of(device);
+    let pb = super::progress(4);
+    pb.set_message("random input");
     let stream = Stream::new(device)?;
     let x = random_floats(n, 0xC0FFEE);
     let mut checks = Vec::new();
 
     for kernel in [Kernel::Scale { s: 1.5 }, Kernel::Intensity { k: 64 }] {
+        pb.set_message(format!("{} against the CPU", kernel.label()));
         let got = on_device(device, &stream, &x, kernel)?;
         let mut want = vec![0f32; n];
         par_ref(&mut want, |off, c| {
@@ -89,9 +94,11 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
             mismatches: bad,
             bit_identical: bad == 0,
         });
+        pb.inc(1);
     }
 
     // saxpy: y = a*x + y with a second random input.
+    pb.set_message("saxpy against the CPU");
     let a = 0.75f32;
     let y = random_floats(n, 0xBEEF);
     let xs = PinnedBuffer::from_slice(device, &x)?;
@@ -125,7 +132,9 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         bit_identical: bad == 0,
     });
 
+    pb.inc(1);
     // Timing: scale in place vs a device-to-device copy of the same bytes.
+    pb.set_message("timing scale against a device copy");
     let reps = 20;
     let src = PinnedBuffer::from_slice(device, &x)?;
     let (d1, d2) = (
@@ -150,6 +159,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         Ok(evs)
     }))?;
     drop((d1, d2));
+    pb.finish_and_clear();
     let mut scale_ms = Vec::new();
     let mut copy_ms = Vec::new();
     for (a, b, e) in &times {
@@ -169,21 +179,30 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         checks,
         reps,
     };
-    println!("kernels on {} floats ({}):", n, device.info().name);
+    println!("kernels on {} floats — {}:", elems(n), device.info().name);
     for c in &res.checks {
         println!(
             "  {:<16} {}",
             c.kernel,
             if c.bit_identical {
-                "bit-identical with the CPU".to_string()
+                "bit-identical with the CPU reference".to_string()
             } else {
                 format!("{} MISMATCHES", c.mismatches)
             }
         );
     }
+    println!("  timing (medians of {reps}, {}):", w.event_clock());
     println!(
-        "  scale {:.3} ms ({:.0} GB/s) vs device copy {:.3} ms ({:.0} GB/s): {:.1}% of the copy bandwidth",
-        res.scale_ms, res.scale_gbps, res.copy_ms, res.copy_gbps, 100.0 * res.scale_over_copy
+        "    scale {} ({:.0} GB/s); {} of the same bytes {} ({:.0} GB/s)",
+        ms(res.scale_ms),
+        res.scale_gbps,
+        w.device_copy(),
+        ms(res.copy_ms),
+        res.copy_gbps,
+    );
+    println!(
+        "    scale reaches {:.1}% of the copy bandwidth",
+        100.0 * res.scale_over_copy
     );
     if let Some(path) = json {
         write_json(path, &res)?;

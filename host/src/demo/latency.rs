@@ -16,10 +16,12 @@
 //! alternate the baseline and the executors, so a drift of this shared
 //! machine hits all alike. Each wait mode runs in its own device handle.
 
+use super::fmt::Words;
 use super::report::{percentile, Meta};
 use host::{
     Device, DeviceBuffer, MappedFlag, PinnedHost, PinnedPool, PooledBuffer, Stream, WaitMode,
 };
+use indicatif::ProgressBar;
 use serde::Serialize;
 use std::future::Future;
 use std::sync::{mpsc, Arc};
@@ -168,16 +170,28 @@ fn spin(d: Duration) {
     }
 }
 
-pub fn run(base: &host::DeviceOptions, samples: usize) -> host::Result<Results> {
+/// Rounds of wake samples and of CPU blocks, per wait mode.
+const WAKE_ROUNDS: usize = 10;
+const CPU_ROUNDS: usize = 20;
+const MODES: [WaitMode; 2] = [WaitMode::Spin, WaitMode::Blocking];
+
+/// Progress steps of [`run`]: one a round.
+pub const STEPS: u64 = (MODES.len() * (WAKE_ROUNDS + CPU_ROUNDS)) as u64;
+
+pub fn run(
+    base: &host::DeviceOptions,
+    samples: usize,
+    progress: &ProgressBar,
+) -> host::Result<Results> {
     let mut modes = Vec::new();
     let mut meta = None;
-    for mode in [WaitMode::Spin, WaitMode::Blocking] {
+    for mode in MODES {
         let device = Device::open(host::DeviceOptions {
             wait_mode: mode,
             ..*base
         })?;
         meta.get_or_insert_with(|| Meta::new(&device));
-        modes.push(run_mode(&device, mode, samples)?);
+        modes.push(run_mode(&device, mode, samples, progress)?);
     }
     let (spin, blocking) = match (modes.first(), modes.get(1)) {
         (Some(s), Some(b)) => (s, b),
@@ -358,11 +372,16 @@ fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> host::Result<Bundl
     Ok(b)
 }
 
-fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<ModeResult> {
+fn run_mode(
+    device: &Device,
+    mode: WaitMode,
+    samples: usize,
+    progress: &ProgressBar,
+) -> host::Result<ModeResult> {
     let ex = Executors::new()?;
     let stream = Stream::new(device)?;
     let gate = Arc::new(MappedFlag::new(device)?);
-    let rounds = 10;
+    let rounds = WAKE_ROUNDS;
     let per_round = samples.div_ceil(rounds);
     let warm = 5;
 
@@ -370,7 +389,9 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     // and from each executor, in turn.
     let mut sync = Vec::new();
     let mut wake: Vec<Vec<f64>> = vec![Vec::new(); EXECUTORS.len()];
+    let mode_name = format!("{mode:?}").to_lowercase();
     for _ in 0..rounds {
+        progress.set_message(format!("wake latency, {mode_name} watcher"));
         sync.extend(wake_synced(&stream, &gate, warm, per_round)?);
         for (k, &e) in EXECUTORS.iter().enumerate() {
             let v = ex.run(
@@ -379,13 +400,14 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
             )?;
             wake[k].extend(v);
         }
+        progress.inc(1);
     }
 
     // CPU cost per operation: a 4-byte copy, awaited vs synchronized, with
     // the same two buffers, so they differ only in the wait. Each round runs
     // a block of each; figures are medians over rounds.
     let pool = PinnedPool::new(device);
-    let (cpu_rounds, per_block) = (20, samples.max(1000).div_ceil(20));
+    let (cpu_rounds, per_block) = (CPU_ROUNDS, samples.max(1000).div_ceil(CPU_ROUNDS));
     let mut bundle = (pool.alloc::<f32>(1)?, DeviceBuffer::<f32>::new(device, 1)?);
     let mut synced = Block::default();
     let mut awaited = vec![Block::default(); EXECUTORS.len()];
@@ -398,6 +420,7 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
     });
     let per = |d: Duration| d.as_secs_f64() * 1e6 / per_block as f64;
     for _ in 0..cpu_rounds {
+        progress.set_message(format!("CPU per operation, {mode_name} watcher"));
         let (b, cpu, wall) = measured(|| copies_synced(&stream, bundle, per_block))?;
         bundle = b;
         synced.push(per(cpu), per(wall));
@@ -409,11 +432,12 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
             let ((), cpu, wall) = measured(|| ex.run(e, echoes(echo_tx.clone(), per_block)))?;
             echoed[k].push(per(cpu), per(wall));
         }
+        progress.inc(1);
     }
     drop(echo_tx);
     let _ = echo.join();
 
-    let m = |v: &[f64]| percentile(v, 0.5);
+    let m = |v: &[f64]| super::report::median(v);
     let sync_median = m(&sync);
     let executors = EXECUTORS
         .iter()
@@ -463,47 +487,67 @@ fn run_mode(device: &Device, mode: WaitMode, samples: usize) -> host::Result<Mod
 }
 
 pub fn print(res: &Results) {
-    println!("\nwake latency (gate opened -> awaiting task runs) and CPU per awaited op, against cuEventSynchronize on the calling thread;");
+    let w = Words::for_kind(res.meta.backend);
+    println!("\nwake latency: from the gate opening (a kernel holds the stream until the host sets a flag)");
     println!(
-        "echo: the same two thread hand-offs with no GPU (std channel out, tokio oneshot back):"
+        "to the awaiting task running, against {}.",
+        w.thread_wait_long()
     );
+    if w.cpu {
+        println!("The watcher (spin or blocking) is how CUDA's completion thread waits; the CPU emulation has");
+        println!("none, so its two blocks run the same code and show the run-to-run spread.");
+    }
     println!(
-        "{:>9} {:>22} {:>9} {:>9} {:>9} {:>6} {:>7} {:>9} {:>9} {:>17} {:>9} {:>9}",
-        "watcher",
-        "waiter",
-        "median",
-        "p99",
-        "max",
-        ">50us",
-        "ratio",
-        "CPU/op",
-        "overhead",
-        "(p10..p90)",
-        "echo CPU",
-        "echo wall"
+        "{:>9} {:>20} {:>9} {:>9} {:>9} {:>6} {:>7}",
+        "watcher", "waiter", "median", "p99", "max", ">50us", "ratio"
     );
     for m in &res.modes {
+        let mode = format!("{:?}", m.wait_mode);
         println!(
-            "{:>9} {:>22} {:>7.1}us {:>7.1}us {:>9} {:>6} {:>7} {:>7.2}us",
-            format!("{:?}", m.wait_mode),
-            "cuEventSynchronize",
+            "{:>9} {:>20} {:>7.1}us {:>7.1}us {:>9} {:>6} {:>7}",
+            mode,
+            w.thread_wait(),
             m.sync_median_us,
             m.sync_p99_us,
             "",
             "",
-            "1.00x",
-            m.cpu_us_per_synced_op,
+            "1.00x"
         );
         for e in &m.executors {
             println!(
-                "{:>9} {:>22} {:>7.1}us {:>7.1}us {:>7.0}us {:>6} {:>6.2}x {:>7.2}us {:>7.2}us {:>7.2}..{:>6.2}us {:>7.2}us {:>7.2}us",
-                format!("{:?}", m.wait_mode),
+                "{:>9} {:>20} {:>7.1}us {:>7.1}us {:>7.0}us {:>6} {:>6.2}x",
+                mode,
                 format!("{:?}", e.executor),
                 e.wake_median_us,
                 e.wake_p99_us,
                 e.wake_max_us,
                 e.wake_over_50us,
-                e.ratio_vs_sync,
+                e.ratio_vs_sync
+            );
+        }
+    }
+    println!("\nCPU per operation: process CPU time per 4-byte copy, awaited or waited for on the calling");
+    println!("thread; overhead = awaited minus waited-for, per round (median, and p10..p90 over rounds);");
+    println!(
+        "echo = the same two thread hand-offs with no copy (std channel out, tokio oneshot back)."
+    );
+    println!(
+        "{:>9} {:>20} {:>9} {:>9} {:>17} {:>9} {:>9}",
+        "watcher", "waiter", "CPU/op", "overhead", "(p10..p90)", "echo CPU", "echo wall"
+    );
+    for m in &res.modes {
+        let mode = format!("{:?}", m.wait_mode);
+        println!(
+            "{:>9} {:>20} {:>7.2}us",
+            mode,
+            w.thread_wait(),
+            m.cpu_us_per_synced_op
+        );
+        for e in &m.executors {
+            println!(
+                "{:>9} {:>20} {:>7.2}us {:>7.2}us {:>7.2}..{:>6.2}us {:>7.2}us {:>7.2}us",
+                mode,
+                format!("{:?}", e.executor),
                 e.cpu_us_per_awaited_op,
                 e.cpu_overhead_us,
                 e.cpu_overhead_p10_us,
@@ -514,23 +558,39 @@ pub fn print(res: &Results) {
         }
     }
     let s = &res.summary;
+    println!("\nin short (spin watcher):");
     for r in &s.awaited {
+        let against = if w.cpu {
+            format!(
+                "{:.2}x a {} ({:.1}us)",
+                r.ratio_vs_spinning_sync,
+                w.thread_wait(),
+                s.spinning_sync_median_us
+            )
+        } else {
+            format!(
+                "{:.2}x a blocking-sync event wait ({:.1}us), {:.2}x a spinning one ({:.1}us)",
+                r.ratio_vs_blocking_sync,
+                s.blocking_sync_median_us,
+                r.ratio_vs_spinning_sync,
+                s.spinning_sync_median_us
+            )
+        };
+        let beyond = r.cpu_overhead_beyond_echo_us;
+        let vs_echo = if beyond <= 0.0 {
+            format!("awaiting costs no more than them ({beyond:+.2}us)")
+        } else {
+            format!("awaiting costs {beyond:.2}us more")
+        };
         println!(
-            "awaited ({:?}, spin watcher): median {:.1}us, p99 {:.1}us = {:.2}x a blocking-sync event wait ({:.1}us), \
-             {:.2}x a spinning one ({:.1}us); CPU {:+.2}us per awaited op (rounds: {:.2} to {:.2}); \
-             two plain hand-offs cost {:.2}us, awaiting {:+.2}us beyond them",
-            r.executor,
-            r.wake_median_us,
-            r.wake_p99_us,
-            r.ratio_vs_blocking_sync,
-            s.blocking_sync_median_us,
-            r.ratio_vs_spinning_sync,
-            s.spinning_sync_median_us,
-            r.cpu_overhead_us,
-            r.cpu_overhead_p10_us,
-            r.cpu_overhead_p90_us,
-            r.echo_cpu_us,
-            r.cpu_overhead_beyond_echo_us
+            "  {:?}: wake median {:.1}us, p99 {:.1}us",
+            r.executor, r.wake_median_us, r.wake_p99_us
         );
+        println!("    = {against}");
+        println!(
+            "    CPU overhead {:+.2}us per awaited op (p10..p90 {:.2}..{:.2}); two plain hand-offs cost {:.2}us,",
+            r.cpu_overhead_us, r.cpu_overhead_p10_us, r.cpu_overhead_p90_us, r.echo_cpu_us
+        );
+        println!("    {vs_echo}");
     }
 }

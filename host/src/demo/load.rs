@@ -2,6 +2,7 @@
 //! while, every result verified, with process RSS and pool statistics sampled
 //! once a second to show that memory stays flat.
 
+use super::fmt::{bytes, size, Words};
 use super::report::{write_json, Meta};
 use host::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, PoolStats, Stream};
 use serde::Serialize;
@@ -88,6 +89,8 @@ pub fn run(
         Arc::new(AtomicU64::new(0)),
     );
     let t0 = Instant::now();
+    let pb = super::progress(seconds.ceil().max(1.0) as u64);
+    pb.set_message(format!("{tasks} tasks on {} streams", streams.len()));
     let samples = rt.block_on(async {
         let mut handles = Vec::new();
         for t in 0..tasks {
@@ -133,7 +136,7 @@ pub fn run(
             }));
         }
         let sampler = {
-            let (pool, jobs) = (pool.clone(), jobs.clone());
+            let (pool, jobs, pb) = (pool.clone(), jobs.clone(), pb.clone());
             tokio::spawn(async move {
                 let mut v = Vec::new();
                 while Instant::now() < deadline {
@@ -145,6 +148,7 @@ pub fn run(
                         ),
                     )
                     .await;
+                    pb.set_position(t0.elapsed().as_secs_f64() as u64);
                     v.push(Sample {
                         t_s: t0.elapsed().as_secs_f64(),
                         rss_mib: rss_mib(),
@@ -163,6 +167,7 @@ pub fn run(
             .await
             .map_err(|e| host::Error::InvalidArgument(format!("sampler: {e}")))
     })?;
+    pb.finish_and_clear();
     let first = samples
         .get(samples.len().min(3).saturating_sub(1))
         .map_or(1.0, |s| s.rss_mib);
@@ -184,11 +189,25 @@ pub fn run(
         pool_in_use_at_end: pool.stats().in_use_bytes,
         samples,
     };
+    let stats = pool.stats();
     println!(
-        "load: {} tasks on {} streams for {:.1} s: {} jobs, {:.2e} elements, {} mismatches; RSS {:.0} -> {:.0} MiB ({:.3}x; second half {:.3}x, {} driver allocations), pool {} B in use at the end, {} hits / {} misses",
-        res.tasks, res.streams, res.seconds, res.jobs, res.elements as f64, res.mismatches, first, last, res.rss_growth,
-        res.rss_growth_second_half, res.driver_allocs_second_half, res.pool_in_use_at_end,
-        pool.stats().hits, pool.stats().misses
+        "load: {} tasks on {} streams for {:.1} s: {} jobs, {:.2e} elements, {} mismatches",
+        res.tasks, res.streams, res.seconds, res.jobs, res.elements as f64, res.mismatches
+    );
+    println!(
+        "  RSS {first:.0} -> {last:.0} MiB ({:.3}x; second half {:.3}x, {} {} in it)",
+        res.rss_growth,
+        res.rss_growth_second_half,
+        res.driver_allocs_second_half,
+        Words::of(device).host_allocs()
+    );
+    println!(
+        "  pinned pool: {} hits / {} misses, {} cached (cap {}), {} in use at the end",
+        stats.hits,
+        stats.misses,
+        bytes(stats.cached_bytes),
+        res.max_cached_bytes.map_or("none".into(), size),
+        bytes(res.pool_in_use_at_end)
     );
     write_json(&out.join("load.json"), &res)?;
     if res.mismatches > 0 || res.pool_in_use_at_end > 0 || res.jobs == 0 {

@@ -2,6 +2,7 @@
 
 pub mod bandwidth;
 pub mod compare;
+pub mod fmt;
 pub mod kernels;
 pub mod latency;
 pub mod load;
@@ -12,7 +13,7 @@ pub mod report;
 
 use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
-use report::{write_json, Meta};
+use report::{write_csv, write_json, Meta};
 use serde::Serialize;
 use std::path::Path;
 
@@ -80,10 +81,15 @@ impl Scale {
     }
 }
 
+/// A progress bar on stderr; hidden when stderr is not a terminal (indicatif's
+/// default), so logs and pipes get only the results. No time-left estimate:
+/// the steps of a part differ in length by orders of magnitude.
 pub fn progress(len: u64) -> ProgressBar {
     let pb = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}") {
-        pb.set_style(style);
+    if let Ok(style) =
+        ProgressStyle::with_template("  [{bar:30}] {percent:>3}% {elapsed:>4}  {wide_msg}")
+    {
+        pb.set_style(style.progress_chars("=> "));
     }
     pb
 }
@@ -119,7 +125,19 @@ pub async fn compare(
     reps: usize,
     out: &Path,
 ) -> host::Result<Vec<compare::Comparison>> {
-    println!("\ncompare_sync_async (medians of {reps}; each pipelined case tries the plans of the peers' grid and keeps the best):");
+    println!(
+        "\ncompare_sync_async: sync = one stream, each step awaited; async = the array cut into"
+    );
+    println!(
+        "chunks over several streams so that copies and kernels overlap (each case tries the plans"
+    );
+    println!(
+        "of the peers' grid and keeps the best). Medians of {reps} runs. overlap = how much of the"
+    );
+    println!(
+        "shorter steps' time is hidden behind the longest (0%: none, 100%: all); copy bound = all"
+    );
+    println!("bytes in and out at once with no kernel, which no schedule can beat.\n");
     let comps = pipeline::compare_all(device, pool, pipe, cases, reps).await?;
     write_json(
         &out.join("compare.json"),
@@ -152,7 +170,7 @@ pub async fn sweep(
     let pb = progress(sizes.len() as u64);
     let rows = pipeline::sweep(device, pool, pipe, sizes, &pb).await?;
     pb.finish_and_clear();
-    pipeline::print_sweep(&rows);
+    pipeline::print_sweep(&rows, fmt::Words::of(device));
     write_json(
         &out.join("sweep.json"),
         &SweepFile {
@@ -179,6 +197,10 @@ pub async fn timeline(
     plan: host::Plan,
     out: &Path,
 ) -> host::Result<()> {
+    println!(
+        "one pipelined run of {} floats ({plan}), every chunk's steps timed by events:",
+        fmt::elems(n)
+    );
     let rows = pipeline::timeline(device, pool, pipe, n, plan, &out.join("timeline.svg")).await?;
     write_json(
         &out.join("timeline.json"),
@@ -204,38 +226,30 @@ pub fn bandwidth(
     pb.finish_and_clear();
     bandwidth::print(&res);
     write_json(&out.join("bandwidth.json"), &res)?;
-    let mut csv = String::from(
-        "bytes,h2d_pinned,h2d_raw,h2d_pageable,d2h_pinned,d2h_raw,d2h_pageable,bidirectional\n",
-    );
-    for r in &res.rows {
-        let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
-        csv += &format!(
-            "{},{:.3},{},{:.3},{:.3},{},{:.3},{:.3}\n",
-            r.bytes,
-            r.h2d_pinned,
-            f(r.h2d_raw),
-            r.h2d_pageable,
-            r.d2h_pinned,
-            f(r.d2h_raw),
-            r.d2h_pageable,
-            r.bidirectional
-        );
-    }
-    std::fs::write(out.join("bandwidth.csv"), csv)?;
+    write_csv(
+        &out.join("bandwidth.csv"),
+        res.rows.iter().map(bandwidth::CsvRow::from),
+    )?;
     let pts = |f: fn(&bandwidth::Row) -> f64| {
         res.rows
             .iter()
-            .map(|r| ((r.bytes >> 20) as f64, f(r)))
+            .map(|r| (r.bytes as f64, f(r)))
             .collect::<Vec<_>>()
     };
     plots::lines(
         &out.join("bandwidth.svg"),
         &format!(
-            "copy bandwidth: pinned vs pageable ({})",
+            "copy bandwidth: pinned vs pageable — {}",
             device.info().name
         ),
-        "MiB per copy",
-        "GB/s (median)",
+        plots::Axis {
+            desc: "bytes per copy",
+            label: plots::Label::Bytes,
+        },
+        plots::Axis {
+            desc: "GB/s (median)",
+            label: plots::Label::Number,
+        },
         false,
         &[
             plots::Series {
@@ -264,7 +278,9 @@ pub fn bandwidth(
 
 /// `host latency`.
 pub fn latency(opts: &DeviceOptions, samples: usize, out: &Path) -> host::Result<()> {
-    let res = latency::run(opts, samples)?;
+    let pb = progress(latency::STEPS);
+    let res = latency::run(opts, samples, &pb)?;
+    pb.finish_and_clear();
     latency::print(&res);
     write_json(&out.join("latency.json"), &res)
 }
@@ -280,10 +296,17 @@ pub fn full(
     let t0 = std::time::Instant::now();
     let scale = Scale::for_device(device, small);
     if device.kind() == BackendKind::Cpu {
-        println!("note: CPU emulation — copies and kernels run on CPU threads; sizes are reduced and times say nothing about a GPU.");
+        println!("note: CPU emulation — copies and kernels run on CPU threads; sizes are reduced and the");
+        println!("times say nothing about a GPU.");
     }
     std::fs::create_dir_all(out)?;
-    println!("\n== kernels: Rust-written PTX against the CPU");
+    println!("results go to {}", out.display());
+    if device.kind() == BackendKind::Cpu {
+        println!("\n== kernels: the Rust kernels against a CPU reference");
+        println!("   (the emulation runs their bodies on CPU threads; the PTX is built but not run: `host ptx`)");
+    } else {
+        println!("\n== kernels: Rust-written PTX against the CPU");
+    }
     kernels::run(device, scale.kernels_n, Some(&out.join("kernels.json")))?;
     println!("\n== pinned vs pageable");
     bandwidth(device, scale.bandwidth_max, &scale.alloc_sizes, out)?;
@@ -309,13 +332,22 @@ pub fn full(
     println!("\n== timeline");
     rt.block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
     let s = pool.stats();
+    let w = fmt::Words::of(device);
     println!(
-        "\npool: {} hits, {} misses, peak {:.1} MiB in use, {:.1} ms in driver allocation, {:.1} ms in driver free, {} B in use now",
-        s.hits, s.misses, s.peak_in_use_bytes as f64 / 1048576.0, s.driver_alloc_ns as f64 / 1e6, s.driver_free_ns as f64 / 1e6, s.in_use_bytes
+        "\npinned pool: {} hits, {} misses; peak {} in use, {} now;\n  {:.1} ms spent in {}, {:.1} ms in {}",
+        s.hits,
+        s.misses,
+        fmt::bytes(s.peak_in_use_bytes),
+        fmt::bytes(s.in_use_bytes),
+        s.driver_alloc_ns as f64 / 1e6,
+        w.host_alloc(),
+        s.driver_free_ns as f64 / 1e6,
+        w.host_free()
     );
     println!(
-        "\ndemonstration done in {:.1} s; results in {}",
+        "\ndemonstration done in {:.1} s; {} files written to {}",
         t0.elapsed().as_secs_f64(),
+        report::written(),
         out.display()
     );
     Ok(())

@@ -1,8 +1,11 @@
 //! `host compare`, `host sweep`, `host timeline`: the overlap pipeline measured.
 
-use super::compare::{compare, Comparison, Spec};
-use super::plots::{self, Bar, Series};
+use super::compare::{compare, Comparison, Spec, Verdict};
+use super::fmt::{elems, faster_or_slower, Words};
+use super::plots::{self, Axis, Bar, Label, Series};
+use super::report::{cell, write_csv};
 use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
+use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::Path;
 
@@ -65,20 +68,36 @@ pub async fn compare_all(
     cases: &[(usize, Kernel)],
     reps: usize,
 ) -> host::Result<Vec<Comparison>> {
-    let mut out = Vec::new();
-    for &(n, kernel) in cases {
-        let spec = Spec {
+    let w = Words::of(device);
+    let specs: Vec<Spec> = cases
+        .iter()
+        .map(|&(n, kernel)| Spec {
             n,
             kernel,
             plans: plan_grid(n, kernel),
             reps,
             with_bound: true,
-        };
-        let c = compare(device, pool, pipeline, &spec).await?;
-        c.print();
+        })
+        .collect();
+    let pb = super::progress(specs.iter().map(Spec::steps).sum());
+    let mut out = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        pb.set_message(format!(
+            "{} floats, {} ({} of {})",
+            elems(spec.n),
+            spec.kernel.label(),
+            i + 1,
+            specs.len()
+        ));
+        let c = compare(device, pool, pipeline, spec, &pb).await?;
+        pb.suspend(|| {
+            c.print(w);
+            println!();
+        });
         pool.empty_cache();
         out.push(c);
     }
+    pb.finish_and_clear();
     Ok(out)
 }
 
@@ -87,17 +106,20 @@ pub async fn sweep(
     pool: &PinnedPool,
     pipeline: &Pipeline,
     sizes: &[usize],
-    progress: &indicatif::ProgressBar,
+    progress: &ProgressBar,
 ) -> host::Result<Vec<Comparison>> {
     let mut out = Vec::new();
     for &n in sizes {
-        progress.set_message(format!("sweep n = {n:.0e}"));
+        progress.set_message(format!("{} floats", elems(n)));
+        // Small sizes take little time each: more repetitions steady their medians.
         let reps = if n >= 300_000_000 {
             2
         } else if n >= 30_000_000 {
             4
-        } else {
+        } else if n > 1_000_000 {
             10
+        } else {
+            30
         };
         let spec = Spec {
             n,
@@ -106,7 +128,7 @@ pub async fn sweep(
             reps,
             with_bound: false,
         };
-        let c = compare(device, pool, pipeline, &spec).await?;
+        let c = compare(device, pool, pipeline, &spec, &ProgressBar::hidden()).await?;
         pool.empty_cache();
         out.push(c);
         progress.inc(1);
@@ -114,56 +136,121 @@ pub async fn sweep(
     Ok(out)
 }
 
-pub fn print_sweep(rows: &[Comparison]) {
-    println!("\nsize sweep (scale, sync vs pipelined with the automatic plan, medians):");
+pub fn print_sweep(rows: &[Comparison], w: Words) {
+    println!("\nsize sweep (scale; sync vs pipelined with the automatic plan; medians):");
     println!(
-        "{:>12} {:>11} {:>11} {:>8} {:>9} {:>9}",
-        "n", "sync ms", "async ms", "speedup", "overlap", "verified"
+        "{:>12} {:>11} {:>11} {:>16} {:>10} {:>9}  note",
+        "floats", "sync ms", "async ms", "async is", "overlap", "verified"
     );
+    let mut notes = Vec::new();
     for c in rows {
+        let sum: f64 = c.stage_ms.iter().sum();
+        let overlap = if c.async_ms >= sum {
+            "none".to_string()
+        } else {
+            format!("{:.0}%", c.overlap * 100.0)
+        };
+        let v = c.verdict(w);
+        let note = match v {
+            Verdict::Clear => "",
+            Verdict::TooSmall => "too small to measure",
+            Verdict::WithinNoise => "within noise",
+        };
+        if v != Verdict::Clear && !notes.contains(&v) {
+            notes.push(v);
+        }
+        let result = faster_or_slower(c.async_ms, c.sync_ms);
         println!(
-            "{:>12} {:>11.3} {:>11.3} {:>7.2}x {:>8.0}% {:>9}",
-            c.n,
+            "{:>12} {:>11.3} {:>11.3} {:>16} {:>10} {:>9}  {}",
+            elems(c.n),
             c.sync_ms,
             c.async_ms,
-            c.speedup,
-            c.overlap * 100.0,
-            c.verified
+            if v == Verdict::Clear {
+                result
+            } else {
+                format!("({result})")
+            },
+            overlap,
+            c.verified,
+            note
         );
     }
+    if !notes.is_empty() {
+        println!("a result in parentheses is not a measurement to rely on:");
+    }
+    for v in notes {
+        match v {
+            Verdict::TooSmall => println!(
+                "  too small to measure: a run takes under {} ms, where fixed {} outweigh\n  \
+                 the copies and the kernel",
+                w.too_small_ms(),
+                w.fixed_costs()
+            ),
+            Verdict::WithinNoise => println!(
+                "  within noise: the middle halves (p25..p75) of the sync and the async runs overlap"
+            ),
+            Verdict::Clear => {}
+        }
+    }
+    println!(
+        "overlap: how much of the shorter steps' time the pipeline hid behind the longest one"
+    );
+    println!("(none: async took longer than the three steps one after another)");
+}
+
+/// A line of sweep.csv: milliseconds to four decimals, an empty cell where
+/// nothing was measured (the copy bound is not measured in the sweep).
+#[derive(Serialize)]
+struct SweepCsv {
+    n: usize,
+    kernel: String,
+    sync_ms: Option<f64>,
+    h2d_ms: Option<f64>,
+    kernel_ms: Option<f64>,
+    d2h_ms: Option<f64>,
+    async_ms: Option<f64>,
+    chunks: usize,
+    streams: usize,
+    speedup: Option<f64>,
+    overlap: Option<f64>,
+    bidir_bound_ms: Option<f64>,
+    verified: bool,
 }
 
 pub fn write_sweep_csv(path: &Path, rows: &[Comparison]) -> host::Result<()> {
-    let mut s = String::from("n,kernel,sync_ms,h2d_ms,kernel_ms,d2h_ms,async_ms,chunks,streams,speedup,overlap,bidir_bound_ms,verified\n");
-    for c in rows {
-        s += &format!(
-            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{:.4},{:.4},{:.4},{}\n",
-            c.n,
-            c.kernel.label(),
-            c.sync_ms,
-            c.stage_ms[0],
-            c.stage_ms[1],
-            c.stage_ms[2],
-            c.async_ms,
-            c.plan.chunks,
-            c.plan.streams,
-            c.speedup,
-            c.overlap,
-            c.bidir_bound_ms,
-            c.verified
-        );
-    }
-    std::fs::write(path, s)?;
-    println!("wrote {}", path.display());
-    Ok(())
+    let c4 = |v: f64| cell(v, 4);
+    write_csv(
+        path,
+        rows.iter().map(|c| SweepCsv {
+            n: c.n,
+            kernel: c.kernel.label(),
+            sync_ms: c4(c.sync_ms),
+            h2d_ms: c4(c.stage_ms[0]),
+            kernel_ms: c4(c.stage_ms[1]),
+            d2h_ms: c4(c.stage_ms[2]),
+            async_ms: c4(c.async_ms),
+            chunks: c.plan.chunks,
+            streams: c.plan.streams,
+            speedup: c4(c.speedup),
+            overlap: c4(c.overlap),
+            bidir_bound_ms: c4(c.bidir_bound_ms),
+            verified: c.verified,
+        }),
+    )
 }
 
 pub fn plot_sweep(path: &Path, rows: &[Comparison], backend: &str) -> host::Result<()> {
     plots::lines(
         path,
-        &format!("H2D + scale + D2H: time against size ({backend})"),
-        "floats",
-        "milliseconds (median)",
+        &format!("H2D + scale + D2H: time against size — {backend}"),
+        Axis {
+            desc: "floats per array",
+            label: Label::Count,
+        },
+        Axis {
+            desc: "milliseconds (median)",
+            label: Label::Number,
+        },
         true,
         &[
             Series {
@@ -252,8 +339,13 @@ pub async fn timeline(
     plots::timeline(
         svg,
         &format!(
-            "one pipelined run: {n} floats, {plan} ({})",
+            "one pipelined run: {} floats, {plan} — {}",
+            elems(n),
             device.info().name
+        ),
+        &format!(
+            "ms since the first copy was issued ({})",
+            Words::of(device).event_clock()
         ),
         &lanes,
         &bars,

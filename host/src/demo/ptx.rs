@@ -7,7 +7,11 @@ pub fn run(out: Option<&Path>) -> host::Result<()> {
     match out {
         Some(path) => {
             std::fs::write(path, ptx::PTX)?;
-            eprintln!("wrote {} ({} bytes)", path.display(), ptx::PTX.len());
+            eprintln!(
+                "wrote {} ({})",
+                path.display(),
+                super::fmt::size(ptx::PTX.len())
+            );
         }
         None => print!("{}", ptx::PTX),
     }

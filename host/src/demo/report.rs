@@ -60,13 +60,56 @@ pub fn write_json(path: &Path, value: &impl Serialize) -> host::Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| host::Error::InvalidArgument(e.to_string()))?;
     std::fs::write(path, text)?;
-    println!("wrote {}", path.display());
+    announce(path);
     Ok(())
 }
 
-/// Median of a sample (sorted copy).
+/// Files written so far, in order (the demonstration counts them at the end).
+static WRITTEN: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Says that `path` was written (every results file goes through here).
+pub fn announce(path: &Path) {
+    println!("wrote {}", path.display());
+    if let Ok(mut w) = WRITTEN.lock() {
+        w.push(path.to_path_buf());
+    }
+}
+
+/// How many files have been announced.
+pub fn written() -> usize {
+    WRITTEN.lock().map_or(0, |w| w.len())
+}
+
+/// Writes `rows` as CSV with a header from their field names (the `csv`
+/// crate); `None` fields are empty cells.
+pub fn write_csv<R: Serialize>(path: &Path, rows: impl IntoIterator<Item = R>) -> host::Result<()> {
+    let err = |e: csv::Error| host::Error::InvalidArgument(format!("{}: {e}", path.display()));
+    let mut w = csv::Writer::from_path(path).map_err(err)?;
+    for r in rows {
+        w.serialize(r).map_err(err)?;
+    }
+    w.flush()?;
+    announce(path);
+    Ok(())
+}
+
+/// `v` rounded to `digits` decimals for a CSV cell; not-a-number and
+/// infinities (nothing measured) become an empty cell.
+pub fn cell(v: f64, digits: i32) -> Option<f64> {
+    let p = 10f64.powi(digits);
+    v.is_finite().then(|| (v * p).round() / p)
+}
+
+/// Median of a sample (sorted copy): the middle value, or the mean of the
+/// two middle ones; NaN for an empty sample.
 pub fn median(v: &[f64]) -> f64 {
-    percentile(v, 0.5)
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
 }
 
 /// The `p` quantile (nearest rank) of a sample.

@@ -1,0 +1,104 @@
+//! The contract between a kernel crate written in Rust and the host library
+//! that launches it: one declaration ([`kernels!`]) gives both the PTX entry
+//! point (when the crate is built for `nvptx64-nvidia-cuda`) and, when the
+//! same crate is built for the host, a type naming the kernel and its
+//! parameter list, whose per-thread body the CPU emulation runs over a
+//! simulated grid. The two can't drift: they are one function.
+//!
+//! ```ignore
+//! use kernel_abi::{kernels, thread, SliceMut};
+//!
+//! kernels! {
+//!     /// `x[i] *= s` for every element.
+//!     pub unsafe fn scale(x: SliceMut<f32>, s: f32) {
+//!         let mut i = thread::global_id();
+//!         while i < x.len() {
+//!             // SAFETY: i < len, and each index has one thread (grid stride).
+//!             unsafe { x.write(i, x.read(i) * s) };
+//!             i += thread::grid_stride();
+//!         }
+//!     }
+//! }
+//! ```
+//!
+//! Kernel parameters are [`Param`] types: scalars, [`Slice`] / [`SliceMut`]
+//! (a device pointer *with its length*, so a kernel never gets a pointer
+//! without the bound the host checked), and `#[repr(C)]` plain-data structs
+//! their author declares with `unsafe impl Param`.
+//!
+//! Emulation limits: the CPU runs the threads of a block one after another,
+//! so kernels must not wait for each other inside a block (no barriers, no
+//! shared-memory exchange); grid-stride elementwise kernels, the common
+//! case, run unchanged.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx))]
+
+mod param;
+pub mod thread;
+
+pub use param::{Param, Params, Slice, SliceMut};
+
+/// A kernel declared with [`kernels!`], as the host sees it.
+///
+/// # Safety
+/// Implemented by [`kernels!`] only. [`Kernel::NAME`] is the name of a PTX
+/// entry point whose parameters are [`Kernel::Params`] in order, and
+/// [`Kernel::thread`] is the same body: the host launches one or the other.
+pub unsafe trait Kernel: 'static {
+    /// The entry point's name in the PTX (`.entry`).
+    const NAME: &'static str;
+    /// The parameter list, as a tuple.
+    type Params: Params;
+    /// One thread's body, run by the CPU emulation with the emulated thread
+    /// indices set (see [`thread::emulate`]).
+    ///
+    /// # Safety
+    /// The kernel's own contract (the declaration's `# Safety`): the slices
+    /// are valid for their lengths, and the grid is one the kernel supports.
+    unsafe fn thread(params: Self::Params);
+}
+
+/// Declares kernels. Each item is written once, as an `unsafe fn` of
+/// [`Param`] arguments:
+/// - built for `nvptx64`, it becomes `#[no_mangle] extern "ptx-kernel" fn`
+///   (the crate needs `#![feature(abi_ptx)]` there);
+/// - built for the host, it becomes a unit type of the same name that
+///   implements [`Kernel`], for the host library's typed launches and for
+///   the CPU emulation.
+///
+/// Also defines `KERNEL_NAMES`, the entry points in declaration order.
+#[macro_export]
+macro_rules! kernels {
+    ($(
+        $(#[$meta:meta])*
+        pub unsafe fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block
+    )*) => {
+        $(
+            $(#[$meta])*
+            #[cfg(target_arch = "nvptx64")]
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $name($($arg: $ty),*) $body
+
+            $(#[$meta])*
+            #[cfg(not(target_arch = "nvptx64"))]
+            #[allow(non_camel_case_types)]
+            #[derive(Clone, Copy, Debug)]
+            pub struct $name;
+
+            // SAFETY: the entry point above and this body are one declaration.
+            #[cfg(not(target_arch = "nvptx64"))]
+            unsafe impl $crate::Kernel for $name {
+                const NAME: &'static str = stringify!($name);
+                type Params = ($($ty,)*);
+                #[allow(unused_variables, unused_unsafe, clippy::unused_unit)]
+                unsafe fn thread(params: Self::Params) {
+                    let ($($arg,)*) = params;
+                    $body
+                }
+            }
+        )*
+
+        /// The kernels' entry points, in declaration order.
+        pub const KERNEL_NAMES: &[&str] = &[$(stringify!($name)),*];
+    };
+}
