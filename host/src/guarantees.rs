@@ -143,3 +143,35 @@
 //! v.push(2.0);
 //! # Ok(()) }
 //! ```
+//!
+//! # 9. A kernel's arguments match its declaration
+//! A launch's argument tuple is checked against the parameter list the
+//! kernel's crate declared: a read view where the kernel writes, a scalar of
+//! another type, a missing argument, all fail to compile (the kernel would
+//! read a wrong-sized parameter or write memory lent as read-only).
+//! ```compile_fail,E0271
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! host::kernel_abi::kernels! {
+//!     /// Doubles `x`.
+//!     pub unsafe fn double(x: host::kernel_abi::SliceMut<f32>) {}
+//! }
+//! let f = host::Module::from_ptx(device, "")?.function::<double>()?;
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(dev, move |c, d| {
+//!     c.launch(&f, host::LaunchConfig::SINGLE, (d.view(),)) // read-only view
+//! });
+//! # Ok(()) }
+//! ```
+//! ```compile_fail,E0271
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! host::kernel_abi::kernels! {
+//!     /// Scales `x` by `s`.
+//!     pub unsafe fn scale_by(x: host::kernel_abi::SliceMut<f32>, s: f32) {}
+//! }
+//! let f = host::Module::from_ptx(device, "")?.function::<scale_by>()?;
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(dev, move |c, d| {
+//!     c.launch(&f, host::LaunchConfig::SINGLE, (d.view_mut(), 2.0f64)) // f64 for f32
+//! });
+//! # Ok(()) }
+//! ```

@@ -574,12 +574,32 @@ impl<'a> Commands<'a> {
     /// from the bundle, like every command's. On the CPU emulation the
     /// kernel's host build runs over the same grid.
     ///
-    /// ```ignore
-    /// let f = module.function::<my_kernels::axpby>()?;
-    /// stream.run((x, y), move |c, (x, y)| {
-    ///     let cfg = LaunchConfig::grid_stride(c.device(), x.len());
-    ///     c.launch(&f, cfg, (2.0f32, x.view(), 0.5f32, y.view_mut()))
-    /// })
+    /// ```no_run
+    /// # async fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+    /// use host::kernel_abi::{kernels, thread, Slice, SliceMut};
+    /// use host::{DeviceBuffer, LaunchConfig, Module};
+    /// // Normally in the kernel crate (built to PTX by its build script).
+    /// kernels! {
+    ///     /// `y = a * x + b * y`.
+    ///     pub unsafe fn axpby(a: f32, x: Slice<f32>, b: f32, y: SliceMut<f32>) {
+    ///         let mut i = thread::global_id();
+    ///         while i < x.len() && i < y.len() {
+    ///             // SAFETY: i is in bounds; one thread per index (grid stride).
+    ///             unsafe { y.write(i, a * x.read(i) + b * y.read(i)) };
+    ///             i += thread::grid_stride();
+    ///         }
+    ///     }
+    /// }
+    /// # let ptx = "";
+    /// let f = Module::from_ptx(device, ptx)?.function::<axpby>()?;
+    /// let (x, y) = (DeviceBuffer::<f32>::new(device, 1 << 20)?, DeviceBuffer::<f32>::new(device, 1 << 20)?);
+    /// let ((x, y), ()) = stream
+    ///     .run((x, y), move |c, (x, y)| {
+    ///         let cfg = LaunchConfig::grid_stride(c.device(), x.len());
+    ///         c.launch(&f, cfg, (2.0f32, x.view(), 0.5f32, y.view_mut()))
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors

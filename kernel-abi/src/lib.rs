@@ -5,7 +5,7 @@
 //! parameter list, whose per-thread body the CPU emulation runs over a
 //! simulated grid. The two can't drift: they are one function.
 //!
-//! ```ignore
+//! ```
 //! use kernel_abi::{kernels, thread, SliceMut};
 //!
 //! kernels! {
