@@ -69,6 +69,8 @@ pub use memory::{
     DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
     Registered, MAX_HOST_ALIGN,
 };
-pub use pipeline::{ChunkEvents, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES};
+pub use pipeline::{
+    Arrays, Chunk, ChunkEvents, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
+};
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, MIN_BLOCK};
 pub use stream::{Commands, Event, Job, Mark, Stream};

@@ -35,9 +35,14 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::memory::{
-    device_slice_mut, host_slice, host_slice_mut, DeviceBuffer, DeviceSliceMut, PinnedHost,
+    device_slice_mut, host_slice, host_slice_mut, DeviceBuffer, DeviceSlice, DeviceSliceMut,
+    HostSlice, HostSliceMut, PinnedBuffer, PinnedHost, Registered,
 };
+use crate::pool::PooledBuffer;
 use crate::stream::{Commands, Event, Job, Mark, Stream};
+use bytemuck::Pod;
+use std::any::TypeId;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// How a run is cut: chunk count and stream count.
@@ -235,13 +240,265 @@ pub struct Pipeline {
 /// What consecutive runs share, under the pipeline's lock.
 #[derive(Default)]
 struct RunState {
-    /// Device chunk buffers.
-    scratch: Vec<Arc<DeviceBuffer<f32>>>,
-    /// Per buffer: a point after the last command of an earlier run that
-    /// touched it. A run's first command on a buffer waits for it, so a run
+    /// Device chunk buffers: per slot, one per scratch array.
+    scratch: Vec<Vec<Arc<DeviceBuffer<u8>>>>,
+    /// Bytes per element of each scratch array, and elements per array.
+    shape: (Vec<usize>, usize),
+    /// Per slot: a point after the last command of an earlier run that
+    /// touched it. A run's first command on a slot waits for it, so a run
     /// may start while the previous one drains, yet never overwrites a buffer
     /// still being read, whatever the two runs' layouts.
     free: Vec<Option<Mark>>,
+}
+
+/// One host array of a pipeline run: pinned memory of one element type
+/// ([`PinnedBuffer`], [`PooledBuffer`], [`Registered`]).
+pub trait PinnedArray: Send + 'static {
+    /// The element type.
+    type Elem: Pod;
+    /// A source view of the whole array.
+    fn source(&self) -> HostSlice<'_, Self::Elem>;
+    /// A destination view of the whole array.
+    fn destination(&mut self) -> HostSliceMut<'_, Self::Elem>;
+}
+
+macro_rules! pinned_array {
+    ($($t:ident),*) => { $(
+        impl<T: Pod + Send> PinnedArray for $t<T> {
+            type Elem = T;
+            fn source(&self) -> HostSlice<'_, T> {
+                self.host()
+            }
+            fn destination(&mut self) -> HostSliceMut<'_, T> {
+                self.host_mut()
+            }
+        }
+    )* };
+}
+pinned_array!(PinnedBuffer, PooledBuffer, Registered);
+
+/// A host array with its type erased (the pipeline copies bytes).
+#[derive(Clone, Copy)]
+struct Erased {
+    ptr: *mut u8,
+    len: usize,
+    size: usize,
+    type_id: TypeId,
+    type_name: &'static str,
+    device_id: usize,
+}
+
+fn erase_source<A: PinnedArray>(a: &A) -> Erased {
+    let v = a.source();
+    Erased {
+        ptr: v.ptr as *mut u8,
+        len: v.len,
+        size: std::mem::size_of::<A::Elem>(),
+        type_id: TypeId::of::<A::Elem>(),
+        type_name: std::any::type_name::<A::Elem>(),
+        device_id: v.device_id,
+    }
+}
+
+fn erase_destination<A: PinnedArray>(a: &mut A) -> Erased {
+    let v = a.destination();
+    Erased {
+        ptr: v.ptr.cast(),
+        len: v.len,
+        size: std::mem::size_of::<A::Elem>(),
+        type_id: TypeId::of::<A::Elem>(),
+        type_name: std::any::type_name::<A::Elem>(),
+        device_id: v.device_id,
+    }
+}
+
+/// The host arrays of a run: a tuple of one to four [`PinnedArray`]s,
+/// whose element types may differ.
+pub trait Arrays: Send + 'static {
+    #[doc(hidden)]
+    fn sources(&self) -> Vec<ErasedArray>;
+    #[doc(hidden)]
+    fn destinations(&mut self) -> Vec<ErasedArray>;
+}
+
+/// A type-erased host array (opaque).
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct ErasedArray(Erased);
+
+macro_rules! arrays {
+    ($($t:ident $i:tt),*) => {
+        impl<$($t: PinnedArray),*> Arrays for ($($t,)*) {
+            fn sources(&self) -> Vec<ErasedArray> {
+                vec![$(ErasedArray(erase_source(&self.$i))),*]
+            }
+            fn destinations(&mut self) -> Vec<ErasedArray> {
+                vec![$(ErasedArray(erase_destination(&mut self.$i))),*]
+            }
+        }
+    };
+}
+arrays!(A 0);
+arrays!(A 0, B 1);
+arrays!(A 0, B 1, C 2);
+arrays!(A 0, B 1, C 2, D 3);
+
+/// One chunk on the device, as a stage sees it: the chunk's part of every
+/// input (copied in) and every output (copied out after the stage), typed.
+pub struct Chunk<'a> {
+    index: usize,
+    range: Range<usize>,
+    inputs: Vec<(Erased, u64)>,
+    outputs: Vec<(Erased, u64)>,
+    device_id: usize,
+    _p: std::marker::PhantomData<&'a mut ()>,
+}
+
+impl<'a> Chunk<'a> {
+    /// The chunk's index in the run, in issue order.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The chunk's element range in the host arrays.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Elements in the chunk.
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// Whether the chunk is empty (never, in a run).
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    fn typed<T: Pod>(
+        &self,
+        what: &str,
+        arrays: &[(Erased, u64)],
+        i: usize,
+    ) -> Result<(u64, usize)> {
+        let (a, addr) = arrays.get(i).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "the stage asked for {what} {i}; the run has {}",
+                arrays.len()
+            ))
+        })?;
+        if a.type_id != TypeId::of::<T>() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} {i} holds {}, the stage asked for {}",
+                a.type_name,
+                std::any::type_name::<T>()
+            )));
+        }
+        Ok((*addr, self.range.len()))
+    }
+
+    /// The chunk of input `i` on the device, as `T` (the input's element type).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an input that does not exist or holds another type.
+    pub fn input<T: Pod>(&self, i: usize) -> Result<DeviceSlice<'a, T>> {
+        let (addr, len) = self.typed::<T>("input", &self.inputs, i)?;
+        // SAFETY: the slot's scratch array for input i holds at least the
+        // chunk's elements of T; the run's job keeps it alive until its
+        // streams are done, and only this run's commands use it meanwhile.
+        Ok(unsafe { device_slice_mut::<T>(addr, len, self.device_id) }.into())
+    }
+
+    /// The chunk of output `j` on the device, as `T`: what the stage writes
+    /// there is copied out to the output's chunk.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an output that does not exist or holds another type.
+    pub fn output<T: Pod>(&self, j: usize) -> Result<DeviceSliceMut<'a, T>> {
+        let (addr, len) = self.typed::<T>("output", &self.outputs, j)?;
+        // SAFETY: as for `input`; outputs have scratch arrays of their own
+        // (or, in an in-place run, the one array, written by that run alone).
+        Ok(unsafe { device_slice_mut::<T>(addr, len, self.device_id) })
+    }
+}
+
+/// The arrays a run copies in and out, and where each lives in the slots.
+struct Layout<'s> {
+    ins: Vec<Erased>,
+    outs: Vec<Erased>,
+    /// Scratch array index of each input and each output.
+    in_at: Vec<usize>,
+    out_at: Vec<usize>,
+    scratch: &'s [Vec<Arc<DeviceBuffer<u8>>>],
+    device_id: usize,
+}
+
+impl Layout<'_> {
+    fn addr(&self, slot: usize, array: usize) -> u64 {
+        self.scratch[slot][array].raw_parts().0
+    }
+
+    fn chunk<'a>(&self, index: usize, r: Range<usize>, slot: usize) -> Chunk<'a> {
+        Chunk {
+            index,
+            range: r,
+            inputs: self
+                .ins
+                .iter()
+                .zip(&self.in_at)
+                .map(|(a, &k)| (*a, self.addr(slot, k)))
+                .collect(),
+            outputs: self
+                .outs
+                .iter()
+                .zip(&self.out_at)
+                .map(|(a, &k)| (*a, self.addr(slot, k)))
+                .collect(),
+            device_id: self.device_id,
+            _p: std::marker::PhantomData,
+        }
+    }
+
+    fn copy_in(&self, c: &mut Commands<'_>, r: &Range<usize>, slot: usize) -> Result<()> {
+        for (a, &k) in self.ins.iter().zip(&self.in_at) {
+            let bytes = r.len() * a.size;
+            // SAFETY: the chunk lies inside the input (every array is n long,
+            // checked), which the run's job owns; the slot's array k holds at
+            // least a chunk of this element size (the scratch shape).
+            let (h, d) = unsafe {
+                (
+                    host_slice::<u8>(a.ptr.add(r.start * a.size), bytes, a.device_id),
+                    device_slice_mut::<u8>(self.addr(slot, k), bytes, self.device_id),
+                )
+            };
+            c.copy_h2d(h, d)?;
+        }
+        Ok(())
+    }
+
+    fn copy_out(&self, c: &mut Commands<'_>, r: &Range<usize>, slot: usize) -> Result<()> {
+        for (a, &k) in self.outs.iter().zip(&self.out_at) {
+            let bytes = r.len() * a.size;
+            // SAFETY: as for copy_in; outputs are borrowed exclusively (the
+            // job owns them and no other view of them exists).
+            let (d, h) = unsafe {
+                (
+                    device_slice_mut::<u8>(self.addr(slot, k), bytes, self.device_id),
+                    host_slice_mut::<u8>(a.ptr.add(r.start * a.size), bytes, a.device_id),
+                )
+            };
+            c.copy_d2h(d, h)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a run does on the device to each chunk.
+type StageFn<'f> = &'f dyn for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>;
+
+/// Gives a closure the stage signature (ties its lifetimes together).
+fn stage_fn<F: for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>>(f: F) -> F {
+    f
 }
 
 impl Pipeline {
@@ -266,26 +523,46 @@ impl Pipeline {
         &self.streams
     }
 
-    /// At least `s` device chunk buffers of at least `len` floats.
+    /// At least `slots` slots of scratch arrays of `sizes` bytes per element
+    /// and at least `len` elements each.
     fn scratch(
         &self,
         st: &mut RunState,
-        s: usize,
+        slots: usize,
+        sizes: &[usize],
         len: usize,
-    ) -> Result<Vec<Arc<DeviceBuffer<f32>>>> {
-        if st.scratch.len() < s || st.scratch.iter().any(|b| b.len() < len) {
+    ) -> Result<Vec<Vec<Arc<DeviceBuffer<u8>>>>> {
+        if st.scratch.len() < slots || st.shape.0 != sizes || st.shape.1 < len {
             // Old buffers may still be in use by runs in flight: those runs hold
             // their own Arc clones, so replacing them here frees nothing early.
-            st.scratch = (0..s.max(st.scratch.len()))
-                .map(|_| DeviceBuffer::new(&self.device, len).map(Arc::new))
+            let n = slots.max(if st.shape.0 == sizes {
+                st.scratch.len()
+            } else {
+                0
+            });
+            st.scratch = (0..n)
+                .map(|_| {
+                    sizes
+                        .iter()
+                        .map(|&size| {
+                            let bytes = len.checked_mul(size).ok_or(Error::SizeOverflow {
+                                count: len,
+                                elem_size: size,
+                            })?;
+                            DeviceBuffer::new(&self.device, bytes).map(Arc::new)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
                 .collect::<Result<_>>()?;
+            st.shape = (sizes.to_vec(), len);
             st.free = (0..st.scratch.len()).map(|_| None).collect();
         }
-        Ok(st.scratch[..s].to_vec())
+        Ok(st.scratch[..slots].to_vec())
     }
 
-    /// Pushes `input` through H2D → `kernel` → D2H into `output`, cut by `plan`.
-    /// The job hands both buffers back when the last chunk is out.
+    /// Pushes `input` through H2D → `kernel` → D2H into `output`, cut by
+    /// `plan`, in place on the device (one scratch buffer per slot). The job
+    /// hands both buffers back when the last chunk is out.
     ///
     /// # Errors
     /// The job resolves to a [`crate::JobError`] that hands `(input,
@@ -314,12 +591,114 @@ impl Pipeline {
         O: PinnedHost<f32> + Send + 'static,
     {
         let (src, dst) = (input.host(), output.host_mut());
-        // One view of each, used for the lengths and for every address.
-        let (n, src_ptr, dst_ptr, src_id, dst_id) =
-            (src.len, src.ptr, dst.ptr, src.device_id, dst.device_id);
-        let dst_len = dst.len;
+        let erase = |ptr: *mut u8, len, device_id| Erased {
+            ptr,
+            len,
+            size: 4,
+            type_id: TypeId::of::<f32>(),
+            type_name: "f32",
+            device_id,
+        };
+        let ins = vec![erase(src.ptr as *mut u8, src.len, src.device_id)];
+        let outs = vec![erase(dst.ptr.cast(), dst.len, dst.device_id)];
+        // In place: the input's scratch array is the output's.
+        let stage = stage_fn(move |c, chunk| c.kernel(kernel, chunk.output::<f32>(0)?));
+        self.run_erased(
+            (input, output),
+            (ins, vec![0]),
+            (outs, vec![0]),
+            &[4],
+            plan,
+            timeline,
+            &stage,
+        )
+    }
+
+    /// Pushes the `inputs` through H2D → `stage` → D2H into the `outputs`,
+    /// cut by `plan`: the general form of [`Pipeline::run`]. Inputs and
+    /// outputs are tuples of one to four pinned arrays of equal length,
+    /// whose element types may differ (bf16 in, f32 out, say). Each chunk of
+    /// every input is copied into a device buffer of its own, `stage`
+    /// enqueues the chunk's work (usually one [`Commands::launch`] of a
+    /// kernel, over [`Chunk::input`] / [`Chunk::output`] views), then each
+    /// output's chunk is copied out. `stage` runs while the run is enqueued,
+    /// once per chunk, on the calling thread.
+    ///
+    /// ```no_run
+    /// # async fn f(pipe: &host::Pipeline, pool: &host::PinnedPool) -> host::Result<()> {
+    /// // SAXPY through the pipeline: two inputs, one output.
+    /// let n = 10_000_000;
+    /// let (x, y, out) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
+    /// let (((x, y), (out,)), _) = pipe
+    ///     .run_stage((x, y), (out,), host::Plan::auto(n), false, |c, chunk| {
+    ///         let y_out = chunk.output::<f32>(0)?;
+    ///         c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
+    ///         c.saxpy(2.0, chunk.input::<f32>(0)?, y_out)
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Pipeline::run`]; also `LengthMismatch` for arrays of unequal
+    /// lengths, and the first error `stage` returns (a wrong element type
+    /// asked of a chunk, say), with everything handed back.
+    ///
+    /// # Cancel safety
+    /// As [`Pipeline::run`].
+    pub fn run_stage<I, O, F>(
+        &self,
+        inputs: I,
+        mut outputs: O,
+        plan: Plan,
+        timeline: bool,
+        stage: F,
+    ) -> Job<(I, O), RunInfo>
+    where
+        I: Arrays,
+        O: Arrays,
+        F: for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>,
+    {
+        let ins: Vec<Erased> = inputs.sources().into_iter().map(|a| a.0).collect();
+        let outs: Vec<Erased> = outputs.destinations().into_iter().map(|a| a.0).collect();
+        let sizes: Vec<usize> = ins.iter().chain(&outs).map(|a| a.size).collect();
+        let (ni, no) = (ins.len(), outs.len());
+        self.run_erased(
+            (inputs, outputs),
+            (ins, (0..ni).collect()),
+            (outs, (ni..ni + no).collect()),
+            &sizes,
+            plan,
+            timeline,
+            &stage,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_erased<B: Send + 'static>(
+        &self,
+        bundle: B,
+        (ins, in_at): (Vec<Erased>, Vec<usize>),
+        (outs, out_at): (Vec<Erased>, Vec<usize>),
+        sizes: &[usize],
+        plan: Plan,
+        timeline: bool,
+        stage: StageFn<'_>,
+    ) -> Job<B, RunInfo> {
+        let n = ins.first().map_or(0, |a| a.len);
         let streams = plan.streams_used();
-        let checked = crate::memory::check_len("pipeline (output vs input)", n, dst_len)
+        let checked = ins
+            .iter()
+            .chain(&outs)
+            .try_for_each(|a| {
+                crate::memory::check_len("pipeline (every array vs the first input)", n, a.len)?;
+                if a.device_id != self.device.id() {
+                    return Err(Error::InvalidArgument(
+                        "a buffer of another device (or backend) was given to this pipeline".into(),
+                    ));
+                }
+                Ok(())
+            })
             .and_then(|_| plan.validate(n))
             .and_then(|_| {
                 if streams > self.streams.len() {
@@ -329,80 +708,54 @@ impl Pipeline {
                         self.streams.len()
                     )));
                 }
-                if src_id != self.device.id() || dst_id != self.device.id() {
-                    return Err(Error::InvalidArgument(
-                        "a buffer of another device (or backend) was given to this pipeline".into(),
-                    ));
-                }
                 Ok(())
             });
         if let Err(e) = checked {
-            return Job::failed(e, Some((input, output)));
+            return Job::failed(e, Some(bundle));
         }
         let slots = plan.streams;
         let ranges = plan.ranges(n);
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
         // One run's commands reach each stream as one unbroken sequence, and
-        // each buffer's first use waits for its last use by earlier runs
+        // each slot's first use waits for its last use by earlier runs
         // (`RunState::free`), so runs may start from many tasks at once. The
         // lock covers enqueueing only, microseconds; never a wait.
         let mut guard = crate::completion::lock(&self.state);
         let st = &mut *guard;
-        let scratch = match self.scratch(st, slots, longest) {
+        let scratch = match self.scratch(st, slots, sizes, longest) {
             Ok(s) => s,
             Err(e) => {
                 drop(guard);
-                return Job::failed(e, Some((input, output)));
+                return Job::failed(e, Some(bundle));
             }
         };
         let free = &mut st.free;
-        // The device view of the first `len` elements of scratch buffer `i`.
-        let scratch_view = |i: usize, len: usize| {
-            let (addr, id) = scratch[i].raw_parts();
-            // SAFETY: scratch buffers hold at least `longest >= len` floats; the
-            // returned job keeps them alive until every stream of the run is
-            // done; only this run's commands write them meanwhile (the
-            // pipeline lock, and each buffer's first use waiting for its last
-            // use by earlier runs).
-            unsafe { device_slice_mut::<f32>(addr, len, id) }
-        };
-        // The host views of one chunk: input to copy in, output to copy into.
-        let host = |r: std::ops::Range<usize>| {
-            // SAFETY: every chunk range lies inside input and output (both n
-            // long, checked above), which the returned job owns.
-            unsafe {
-                (
-                    host_slice(src_ptr.add(r.start), r.len(), src_id),
-                    host_slice_mut(dst_ptr.add(r.start), r.len(), dst_id),
-                )
-            }
+        let layout = Layout {
+            ins,
+            outs,
+            in_at,
+            out_at,
+            scratch: &scratch,
+            device_id: self.device.id(),
         };
         let mut events = timeline.then(Vec::new);
         let mut cmds: Vec<Commands<'_>> = self.streams[..streams]
             .iter()
-            // SAFETY: every address given to these commands belongs to `input`,
-            // `output` or `scratch`, which the returned job owns until a point
-            // recorded after them on every stream has completed; the CPU cannot
-            // touch input or output meanwhile (the job owns them).
+            // SAFETY: every address given to these commands belongs to the
+            // bundle's arrays or to `scratch`, which the returned job owns
+            // until a point recorded after them on every stream has
+            // completed; the CPU cannot touch the arrays meanwhile (the job
+            // owns them).
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
         let mut enqueue = || -> Result<()> {
             if plan.engines {
-                return enqueue_engines(
-                    &mut cmds,
-                    &ranges,
-                    (&scratch_view, scratch.len(), free),
-                    kernel,
-                    events.as_mut(),
-                    host,
-                );
+                return enqueue_engines(&mut cmds, &ranges, &layout, free, stage, events.as_mut());
             }
             let mut chained: Option<Mark> = None;
             for (i, r) in ranges.iter().cloned().enumerate() {
                 let s = i % streams;
                 let c = &mut cmds[s];
-                let (hs, hd) = host(r.clone());
-                let d = scratch_view(s, r.len());
                 if let Some(prev) = free[s].take() {
                     c.wait_mark(&prev)?;
                 }
@@ -410,14 +763,14 @@ impl Pipeline {
                     c.wait_mark(&prev)?;
                 }
                 let t0 = timeline.then(|| c.marker(true)).transpose()?;
-                c.copy_h2d(hs, d)?;
+                layout.copy_in(c, &r, s)?;
                 if plan.chain {
                     chained = Some(c.marker(false)?);
                 }
                 let t1 = timeline.then(|| c.marker(true)).transpose()?;
-                c.kernel(kernel, d)?;
+                stage(c, &layout.chunk(i, r.clone(), s))?;
                 let t2 = timeline.then(|| c.marker(true)).transpose()?;
-                c.copy_d2h(d, hd)?;
+                layout.copy_out(c, &r, s)?;
                 if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
                     let t3 = c.marker(true)?;
                     ev.push(ChunkEvents {
@@ -427,7 +780,7 @@ impl Pipeline {
                     });
                 }
             }
-            // Each stream's buffer is free once the stream has passed this point.
+            // Each stream's slot is free once the stream has passed this point.
             for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
                 free[s] = Some(c.marker(false)?);
             }
@@ -436,7 +789,7 @@ impl Pipeline {
         let outcome = enqueue();
         let enqueued: usize = cmds.iter().map(|c| c.enqueued()).sum();
         drop(cmds);
-        let bundle = (input, output);
+        drop(layout);
         // Join the streams on the GPU: stream 0 waits for a marker of every
         // other stream, and one point recorded after that ends the run. One
         // watcher wakes the caller, instead of one per stream.
@@ -458,6 +811,7 @@ impl Pipeline {
             // fresh ones (this run's stay alive with its job, or are kept below).
             guard.scratch.clear();
             guard.free.clear();
+            guard.shape = (Vec::new(), 0);
         }
         drop(guard);
         match joined {
@@ -484,41 +838,27 @@ impl Pipeline {
 }
 
 /// Enqueues a run in the engines layout: copy-in, compute and copy-out
-/// streams (`cmds[0..3]`), linked by events, over a ring of device buffers.
-/// The scratch buffers of a run: a view of buffer `i`'s first `len`
-/// elements, the buffer count, and each buffer's last use by earlier runs.
-type Scratch<'a, 'b> = (
-    &'b dyn Fn(usize, usize) -> DeviceSliceMut<'a, f32>,
-    usize,
-    &'b mut [Option<Mark>],
-);
-
+/// streams (`cmds[0..3]`), linked by events, over a ring of slots.
 fn enqueue_engines<'a>(
     cmds: &mut [Commands<'a>],
-    ranges: &[std::ops::Range<usize>],
-    (scratch, slots, free): Scratch<'a, '_>,
-    kernel: Kernel,
+    ranges: &[Range<usize>],
+    layout: &Layout<'_>,
+    free: &mut [Option<Mark>],
+    stage: StageFn<'_>,
     mut events: Option<&mut Vec<ChunkEvents>>,
-    host: impl Fn(
-        std::ops::Range<usize>,
-    ) -> (
-        crate::memory::HostSlice<'a, f32>,
-        crate::memory::HostSliceMut<'a, f32>,
-    ),
 ) -> Result<()> {
     let [cin, ck, cout] = cmds else {
         return Err(Error::InvalidArgument(
             "the engines layout needs exactly three streams".into(),
         ));
     };
-    let slots = slots.max(1);
+    let slots = layout.scratch.len().max(1);
     let timeline = events.is_some();
-    // D2H-done points of the chunks whose buffer is still to be reused.
+    // D2H-done points of the chunks whose slot is still to be reused.
     let mut out_done = std::collections::VecDeque::new();
     for (i, r) in ranges.iter().cloned().enumerate() {
-        let (hs, hd) = host(r.clone());
-        let d = scratch(i % slots, r.len());
-        // The buffer's previous chunk (of this run, or else of an earlier
+        let slot = i % slots;
+        // The slot's previous chunk (of this run, or else of an earlier
         // run) must be out before this one comes in.
         let prev = if i >= slots {
             out_done.pop_front()
@@ -529,14 +869,14 @@ fn enqueue_engines<'a>(
             cin.wait_mark(&prev)?;
         }
         let t0 = timeline.then(|| cin.marker(true)).transpose()?;
-        cin.copy_h2d(hs, d)?;
+        layout.copy_in(cin, &r, slot)?;
         // Timed when drawing a timeline, so they serve as its points too.
         let copied = cin.marker(timeline)?;
         ck.wait_mark(&copied)?;
-        ck.kernel(kernel, d)?;
+        stage(ck, &layout.chunk(i, r.clone(), slot))?;
         let computed = ck.marker(timeline)?;
         cout.wait_mark(&computed)?;
-        cout.copy_d2h(d, hd)?;
+        layout.copy_out(cout, &r, slot)?;
         out_done.push_back(cout.marker(false)?);
         if let (Some(ev), Some(t0)) = (events.as_mut(), t0) {
             let t3 = cout.marker(true)?;
@@ -547,7 +887,7 @@ fn enqueue_engines<'a>(
             });
         }
     }
-    // The last chunks' buffers are free once their D2H is done.
+    // The last chunks' slots are free once their D2H is done.
     let first_left = ranges.len() - out_done.len();
     for (k, done) in out_done.into_iter().enumerate() {
         if let Some(slot) = free.get_mut((first_left + k) % slots) {
