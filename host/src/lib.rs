@@ -70,7 +70,7 @@ pub use memory::{
     Registered, MAX_HOST_ALIGN,
 };
 pub use pipeline::{
-    Arrays, Chunk, ChunkEvents, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
+    Arrays, Chunk, ChunkEvents, Layout, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, MIN_BLOCK};
 pub use stream::{Commands, Event, Job, Mark, Stream};

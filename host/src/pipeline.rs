@@ -45,29 +45,71 @@ use std::any::TypeId;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-/// How a run is cut: chunk count and stream count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// How a run is cut: how many chunks, how they are laid over streams, and
+/// whether their sizes ramp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// Chunks the array is cut into (each about `n / chunks` elements).
+    /// Chunks the arrays are cut into (each about `n / chunks` elements).
     pub chunks: usize,
-    /// Streams the chunks are dealt to, round robin.
-    pub streams: usize,
+    /// How the chunks go over the pipeline's streams.
+    pub layout: Layout,
     /// Ramp the chunk sizes: the first three chunks are 1/8, 1/4 and 1/2 of
     /// the others, and the last three mirror them. The pipeline's fill (the
     /// first H2D, which nothing overlaps) and drain (the last D2H) shrink
     /// eightfold, while the middle chunks stay large enough for full-speed
     /// copies. The chunk count then counts the full-size chunks.
     pub ramp: bool,
-    /// Chain the host-to-device copies across streams: each waits for the
-    /// previous chunk's copy, so the first chunk arrives at full link speed
-    /// instead of sharing it with the next ones, and its kernel and D2H start
-    /// sooner (a shorter fill), at the price of an event per chunk.
-    /// (Round-robin layout only.)
-    pub chain: bool,
-    /// The engines layout (module docs): one stream per engine (copy-in,
-    /// compute, copy-out; the pipeline needs three streams), and `streams`
-    /// counts the device chunk buffers in the ring, i.e. chunks in flight.
-    pub engines: bool,
+}
+
+/// How a run's chunks go over the pipeline's streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Chunk `i` goes to stream `i % streams`, which copies it in, runs the
+    /// stage and copies it out; each stream has one set of device buffers.
+    RoundRobin {
+        /// Streams the chunks are dealt to (at most the pipeline's).
+        streams: usize,
+        /// Chain the host-to-device copies across streams: each waits for
+        /// the previous chunk's copy, so the first chunk arrives at full link
+        /// speed instead of sharing it with the next ones, and its stage and
+        /// D2H start sooner (a shorter fill), at the price of an event per
+        /// chunk.
+        chain: bool,
+    },
+    /// One stream per engine (module docs): copy-in, compute and copy-out
+    /// streams linked by events (the pipeline needs three streams), over a
+    /// ring of `slots` sets of device buffers, i.e. chunks in flight.
+    Engines {
+        /// Sets of device buffers in the ring.
+        slots: usize,
+    },
+}
+
+impl serde::Serialize for Plan {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Plan", 6)?;
+        st.serialize_field("chunks", &self.chunks)?;
+        st.serialize_field("layout", self.layout.name())?;
+        st.serialize_field("streams", &self.streams_used())?;
+        st.serialize_field("buffers", &self.slots())?;
+        st.serialize_field("ramp", &self.ramp)?;
+        st.serialize_field(
+            "chain",
+            &matches!(self.layout, Layout::RoundRobin { chain: true, .. }),
+        )?;
+        st.end()
+    }
+}
+
+impl Layout {
+    /// `round-robin` or `engines`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Layout::RoundRobin { .. } => "round-robin",
+            Layout::Engines { .. } => "engines",
+        }
+    }
 }
 
 /// What one more chunk costs, in bytes of copy time: each copy has a fixed
@@ -94,31 +136,60 @@ impl Plan {
         Plan::engines(k, 4)
     }
 
-    /// A plan of `chunks` equal chunks over `streams` streams.
+    /// `chunks` equal chunks dealt round robin over `streams` streams.
     pub fn uniform(chunks: usize, streams: usize) -> Plan {
         Plan {
             chunks,
-            streams,
+            layout: Layout::RoundRobin {
+                streams,
+                chain: false,
+            },
             ramp: false,
-            chain: false,
-            engines: false,
         }
     }
 
-    /// The engines layout: `chunks` chunks, `slots` device chunk buffers.
+    /// The engines layout: `chunks` chunks, `slots` sets of device buffers.
     pub fn engines(chunks: usize, slots: usize) -> Plan {
         Plan {
-            engines: true,
-            ..Plan::uniform(chunks, slots)
+            chunks,
+            layout: Layout::Engines { slots },
+            ramp: false,
+        }
+    }
+
+    /// The same plan with ramped chunk sizes (see [`Plan::ramp`]).
+    pub fn ramped(self) -> Plan {
+        Plan { ramp: true, ..self }
+    }
+
+    /// The same plan with chained host-to-device copies (round robin only;
+    /// an engines plan already copies in on one stream, so it is unchanged).
+    pub fn chained(self) -> Plan {
+        match self.layout {
+            Layout::RoundRobin { streams, .. } => Plan {
+                layout: Layout::RoundRobin {
+                    streams,
+                    chain: true,
+                },
+                ..self
+            },
+            Layout::Engines { .. } => self,
         }
     }
 
     /// Streams a run of this plan uses.
     pub fn streams_used(&self) -> usize {
-        if self.engines {
-            3
-        } else {
-            self.streams
+        match self.layout {
+            Layout::RoundRobin { streams, .. } => streams,
+            Layout::Engines { .. } => 3,
+        }
+    }
+
+    /// Sets of device chunk buffers a run uses: chunks in flight.
+    pub fn slots(&self) -> usize {
+        match self.layout {
+            Layout::RoundRobin { streams, .. } => streams,
+            Layout::Engines { slots } => slots,
         }
     }
 
@@ -159,10 +230,15 @@ impl Plan {
 
     /// Checks the plan against `n` elements.
     pub fn validate(&self, n: usize) -> Result<()> {
-        if self.chunks == 0 || self.streams == 0 {
+        if self.chunks == 0 || self.slots() == 0 {
             return Err(Error::InvalidArgument(format!(
-                "a plan needs at least one chunk and one stream (got {} chunks, {} streams)",
-                self.chunks, self.streams
+                "a plan needs at least one chunk and one {} (got {} chunks, {})",
+                match self.layout {
+                    Layout::RoundRobin { .. } => "stream",
+                    Layout::Engines { .. } => "buffer slot",
+                },
+                self.chunks,
+                self.slots()
             )));
         }
         if n > 0 && self.chunks > n {
@@ -190,20 +266,23 @@ impl Plan {
 
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.engines {
-            write!(
+        let chunks = if self.chunks == 1 { "chunk" } else { "chunks" };
+        match self.layout {
+            Layout::Engines { slots } => write!(
                 f,
-                "{} chunks, engine streams, {} buffers",
-                self.chunks, self.streams
-            )?;
-        } else {
-            write!(f, "{} chunks x {} streams", self.chunks, self.streams)?;
+                "{} {chunks}, engine streams, {slots} buffers",
+                self.chunks
+            )?,
+            Layout::RoundRobin { streams, chain } => {
+                let s = if streams == 1 { "stream" } else { "streams" };
+                write!(f, "{} {chunks} x {streams} {s}", self.chunks)?;
+                if chain {
+                    write!(f, ", chained")?;
+                }
+            }
         }
         if self.ramp {
             write!(f, ", ramped")?;
-        }
-        if self.chain {
-            write!(f, ", chained")?;
         }
         Ok(())
     }
@@ -423,7 +502,7 @@ impl<'a> Chunk<'a> {
 }
 
 /// The arrays a run copies in and out, and where each lives in the slots.
-struct Layout<'s> {
+struct Placement<'s> {
     ins: Vec<Erased>,
     outs: Vec<Erased>,
     /// Scratch array index of each input and each output.
@@ -433,7 +512,7 @@ struct Layout<'s> {
     device_id: usize,
 }
 
-impl Layout<'_> {
+impl Placement<'_> {
     fn addr(&self, slot: usize, array: usize) -> u64 {
         self.scratch[slot][array].raw_parts().0
     }
@@ -713,7 +792,7 @@ impl Pipeline {
         if let Err(e) = checked {
             return Job::failed(e, Some(bundle));
         }
-        let slots = plan.streams;
+        let slots = plan.slots();
         let ranges = plan.ranges(n);
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
         // One run's commands reach each stream as one unbroken sequence, and
@@ -730,7 +809,7 @@ impl Pipeline {
             }
         };
         let free = &mut st.free;
-        let layout = Layout {
+        let layout = Placement {
             ins,
             outs,
             in_at,
@@ -749,7 +828,7 @@ impl Pipeline {
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
         let mut enqueue = || -> Result<()> {
-            if plan.engines {
+            if let Layout::Engines { .. } = plan.layout {
                 return enqueue_engines(&mut cmds, &ranges, &layout, free, stage, events.as_mut());
             }
             let mut chained: Option<Mark> = None;
@@ -764,7 +843,7 @@ impl Pipeline {
                 }
                 let t0 = timeline.then(|| c.marker(true)).transpose()?;
                 layout.copy_in(c, &r, s)?;
-                if plan.chain {
+                if let Layout::RoundRobin { chain: true, .. } = plan.layout {
                     chained = Some(c.marker(false)?);
                 }
                 let t1 = timeline.then(|| c.marker(true)).transpose()?;
@@ -794,7 +873,7 @@ impl Pipeline {
         // other stream, and one point recorded after that ends the run. One
         // watcher wakes the caller, instead of one per stream.
         let last = || -> Result<Event> {
-            if plan.engines && outcome.is_ok() {
+            if matches!(plan.layout, Layout::Engines { .. }) && outcome.is_ok() {
                 // The last D2H comes after every other command of the run.
                 return self.streams[2].record();
             }
@@ -842,7 +921,7 @@ impl Pipeline {
 fn enqueue_engines<'a>(
     cmds: &mut [Commands<'a>],
     ranges: &[Range<usize>],
-    layout: &Layout<'_>,
+    layout: &Placement<'_>,
     free: &mut [Option<Mark>],
     stage: StageFn<'_>,
     mut events: Option<&mut Vec<ChunkEvents>>,
@@ -907,11 +986,8 @@ mod tests {
             for chunks in [1usize, 3, 8, 32] {
                 for ramp in [false, true] {
                     let plan = Plan {
-                        chunks: chunks.min(n),
-                        streams: 2,
                         ramp,
-                        chain: false,
-                        engines: false,
+                        ..Plan::uniform(chunks.min(n), 2)
                     };
                     let r = plan.ranges(n);
                     assert_eq!(r.first().map(|r| r.start), Some(0));
@@ -926,14 +1002,7 @@ mod tests {
     #[test]
     fn ramped_plans_start_and_end_small() {
         let n = 10_000_000;
-        let r = Plan {
-            chunks: 16,
-            streams: 4,
-            ramp: true,
-            chain: false,
-            engines: false,
-        }
-        .ranges(n);
+        let r = Plan::uniform(16, 4).ramped().ranges(n);
         let m = Plan::uniform(16, 4).chunk_len(n);
         assert!(r[0].len() <= m / 8 && r[r.len() - 1].len() <= m / 8);
         assert!(r.iter().all(|c| c.len() <= m));
@@ -949,6 +1018,18 @@ mod tests {
         for n in [2usize, 3, 1000, 1 << 20, 12_345_678] {
             assert!(Plan::auto(n).validate(n).is_ok(), "{n}");
         }
+    }
+
+    #[test]
+    fn plans_say_what_they_are() {
+        assert_eq!(Plan::uniform(1, 1).to_string(), "1 chunk x 1 stream");
+        assert_eq!(
+            Plan::uniform(8, 4).chained().ramped().to_string(),
+            "8 chunks x 4 streams, chained, ramped"
+        );
+        assert_eq!(Plan::engines(5, 2).chained(), Plan::engines(5, 2));
+        assert_eq!(Plan::engines(5, 2).streams_used(), 3);
+        assert_eq!(Plan::engines(5, 2).slots(), 2);
     }
 
     #[test]

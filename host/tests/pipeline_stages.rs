@@ -10,10 +10,7 @@ fn plans(n: usize) -> Vec<Plan> {
     vec![
         Plan::uniform(1, 1),
         Plan::uniform(5, 2),
-        Plan {
-            chain: true,
-            ..Plan::uniform(7, 3)
-        },
+        Plan::uniform(7, 3).chained(),
         Plan::engines(6, 2),
         Plan {
             ramp: true,

@@ -1829,11 +1829,17 @@ impl<'d> World<'d> {
         }
         match rng.u8(0..5) {
             0 => Plan::auto(n),
-            1 | 2 => Plan {
-                ramp: rng.bool(),
-                chain: rng.bool(),
-                ..Plan::uniform(rng.usize(1..=n.min(8)), rng.usize(1..=pipe_streams))
-            },
+            1 | 2 => {
+                let plan = Plan {
+                    ramp: rng.bool(),
+                    ..Plan::uniform(rng.usize(1..=n.min(8)), rng.usize(1..=pipe_streams))
+                };
+                if rng.bool() {
+                    plan.chained()
+                } else {
+                    plan
+                }
+            }
             _ => Plan {
                 ramp: rng.bool(),
                 ..Plan::engines(rng.usize(1..=n.min(8)), rng.usize(1..=3))
@@ -1887,10 +1893,10 @@ impl<'d> World<'d> {
         let kernel = random_kernel(&mut self.rng);
         let timeline = self.rng.u8(0..3) == 0;
         // The model's rules: lengths first, then the plan, then the streams.
-        let used = if plan.engines { 3 } else { plan.streams };
+        let used = plan.streams_used();
         let want = if out_len != n {
             Err(Want::Length(n, out_len))
-        } else if plan.chunks == 0 || plan.streams == 0 || plan.chunks > n || used > pipe_streams {
+        } else if plan.chunks == 0 || plan.slots() == 0 || plan.chunks > n || used > pipe_streams {
             Err(Want::Invalid)
         } else {
             Ok(())
@@ -2077,10 +2083,10 @@ impl<'d> World<'d> {
                         "{what}: timeline entry {i} is chunk {}",
                         c.chunk
                     );
-                    if !pc.plan.engines {
+                    if let host::Layout::RoundRobin { streams, .. } = pc.plan.layout {
                         check!(
                             self,
-                            c.stream == i % pc.plan.streams,
+                            c.stream == i % streams,
                             "{what}: chunk {i} on stream {}",
                             c.stream
                         );

@@ -33,10 +33,7 @@ pub fn plan_grid(n: usize, kernel: Kernel) -> Vec<Plan> {
             ramp: true,
             ..Plan::uniform(chunks, 4)
         }))
-        .chain([8, 16, 32].map(|chunks| Plan {
-            chain: true,
-            ..Plan::uniform(chunks, 4)
-        }))
+        .chain([8, 16, 32].map(|chunks| Plan::uniform(chunks, 4).chained()))
         .chain(
             [12, 16, 24]
                 .iter()
@@ -230,7 +227,7 @@ pub fn write_sweep_csv(path: &Path, rows: &[Comparison]) -> host::Result<()> {
             d2h_ms: c4(c.stage_ms[2]),
             async_ms: c4(c.async_ms),
             chunks: c.plan.chunks,
-            streams: c.plan.streams,
+            streams: c.plan.slots(),
             speedup: c4(c.speedup),
             overlap: c4(c.overlap),
             bidir_bound_ms: c4(c.bidir_bound_ms),
@@ -312,7 +309,7 @@ pub async fn timeline(
             t,
         });
     }
-    let lanes: Vec<String> = if plan.engines {
+    let lanes: Vec<String> = if matches!(plan.layout, host::Layout::Engines { .. }) {
         [
             "copy-in stream · H2D",
             "compute stream · kernel",
@@ -321,7 +318,7 @@ pub async fn timeline(
         .map(String::from)
         .to_vec()
     } else {
-        (0..plan.streams)
+        (0..plan.slots())
             .flat_map(|s| ["H2D", "kernel", "D2H"].map(|e| format!("stream {s} · {e}")))
             .collect()
     };
@@ -365,8 +362,9 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
         results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "sync", "chunks": 1, "streams": 1,
             "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": true}));
         for (p, ms) in &c.plans {
-            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams_used(), "buffers": p.streams, "ramp": p.ramp, "chain": p.chain,
-                "layout": if p.engines { "engines" } else { "round-robin" },
+            results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams_used(), "buffers": p.slots(), "ramp": p.ramp,
+                "chain": matches!(p.layout, host::Layout::RoundRobin { chain: true, .. }),
+                "layout": p.layout.name(),
                 "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": *p == c.plan}));
         }
     }
