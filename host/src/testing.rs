@@ -74,11 +74,62 @@ impl Drop for Watchdog {
     }
 }
 
-/// Every backend present: the CPU emulation, and CUDA when available.
-pub fn backends(test: &str) -> Vec<Device> {
-    let mut v = vec![Device::cpu()];
-    v.extend(cuda(test));
-    v
+/// Defines a test body once and runs it as one test per backend: for each
+/// `name`, a function `fn name(device: host::Device)` written next to the
+/// invocation becomes the tests `name::cpu` (the CPU emulation, always) and
+/// `name::cuda`, so each backend's result is reported on its own.
+///
+/// `name::cuda` is ignored unless the machine that built the tests has a GPU
+/// (`host_gpu`, set by the build script), so without one it shows as ignored,
+/// never as passed. Run anyway (`--include-ignored`), it opens CUDA with
+/// [`cuda`](crate::testing::cuda): with no GPU it prints a skip notice and
+/// returns, or fails when `REQUIRE_GPU=1`.
+///
+/// ```text
+/// host::backend_tests!(round_trips_keep_every_bit);
+/// fn round_trips_keep_every_bit(device: host::Device) {
+///     let _serial = host::testing::serial();
+///     // ...
+/// }
+/// ```
+#[macro_export]
+#[doc(hidden)]
+macro_rules! backend_tests {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn cpu() {
+                $crate::testing::run_on(|| Some($crate::Device::cpu()), super::$name);
+            }
+
+            #[test]
+            #[cfg_attr(
+                not(host_gpu),
+                ignore = "needs a CUDA GPU (build on a GPU machine, or run with --include-ignored)"
+            )]
+            fn cuda() {
+                $crate::testing::run_on(
+                    || $crate::testing::cuda(module_path!()),
+                    super::$name,
+                );
+            }
+        }
+    )+};
+}
+
+/// Runs `body` on the device `open` gives, if any (the two halves of
+/// `backend_tests!`). The device is opened, and its last handle dropped,
+/// under [`serial`], as in a test that holds it around its whole body: a
+/// CUDA context's teardown must not meet another test's closed gate.
+pub fn run_on(open: impl FnOnce() -> Option<Device>, body: impl FnOnce(Device)) {
+    let device = {
+        let _serial = serial();
+        open()
+    };
+    let Some(device) = device else { return };
+    body(device.clone());
+    let _serial = serial();
+    drop(device);
 }
 
 /// Fresh random floats in [-1, 1), never zero.

@@ -4,64 +4,61 @@
 //! the process.
 
 use futures::executor::block_on;
-use host::testing::backends;
 use host::{DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
 use std::time::{Duration, Instant};
 
-#[test]
-fn a_trap_reaches_every_awaiting_future_and_every_later_call() {
-    for device in backends("trap_propagation") {
-        let t0 = Instant::now();
-        let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
-        let n = 1 << 16;
-        let input = PinnedBuffer::<f32>::from_slice(&device, &vec![1.5; n]).unwrap();
-        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
-        let before = s2.run((input, dev), |c, (i, d)| {
-            let d = d.view_mut();
-            c.copy_h2d(i.host(), d)?;
-            c.kernel(Kernel::Scale { s: 2.0 }, d)
-        });
-        block_on(before).unwrap();
-        let trapped = s1.run((), |c, ()| c.trap());
-        // Work queued behind the trap fails too; if the trap has already hit,
-        // queueing itself reports the broken context.
-        let after = s1.record();
-        let r = block_on(trapped);
-        assert!(
-            matches!(&r, Err(e) if matches!(e.error, host::Error::ContextBroken(_))),
-            "{r:?}"
-        );
-        // The failed job hands its (empty) bundle back: the broken context
-        // runs nothing more, so nothing can still be in use.
-        assert!(matches!(
-            r,
-            Err(host::JobError {
-                bundle: Some(()),
-                ..
-            })
-        ));
-        match after {
-            Ok(ev) => assert!(matches!(
-                block_on(ev.wait()),
-                Err(host::Error::ContextBroken(_))
-            )),
-            Err(e) => assert!(matches!(e, host::Error::ContextBroken(_)), "{e:?}"),
-        }
-        // Every later operation reports the broken context.
-        assert!(device.broken().is_some());
-        for len in [8, 0] {
-            let late = PinnedBuffer::<f32>::new(&device, len);
-            assert!(
-                matches!(late, Err(host::Error::ContextBroken(_))),
-                "{late:?}"
-            );
-        }
-        let late = host::Registered::new(&device, Vec::<f32>::new());
+host::backend_tests!(a_trap_reaches_every_awaiting_future_and_every_later_call);
+fn a_trap_reaches_every_awaiting_future_and_every_later_call(device: host::Device) {
+    let t0 = Instant::now();
+    let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 1 << 16;
+    let input = PinnedBuffer::<f32>::from_slice(&device, &vec![1.5; n]).unwrap();
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let before = s2.run((input, dev), |c, (i, d)| {
+        let d = d.view_mut();
+        c.copy_h2d(i.host(), d)?;
+        c.kernel(Kernel::Scale { s: 2.0 }, d)
+    });
+    block_on(before).unwrap();
+    let trapped = s1.run((), |c, ()| c.trap());
+    // Work queued behind the trap fails too; if the trap has already hit,
+    // queueing itself reports the broken context.
+    let after = s1.record();
+    let r = block_on(trapped);
+    assert!(
+        matches!(&r, Err(e) if matches!(e.error, host::Error::ContextBroken(_))),
+        "{r:?}"
+    );
+    // The failed job hands its (empty) bundle back: the broken context
+    // runs nothing more, so nothing can still be in use.
+    assert!(matches!(
+        r,
+        Err(host::JobError {
+            bundle: Some(()),
+            ..
+        })
+    ));
+    match after {
+        Ok(ev) => assert!(matches!(
+            block_on(ev.wait()),
+            Err(host::Error::ContextBroken(_))
+        )),
+        Err(e) => assert!(matches!(e, host::Error::ContextBroken(_)), "{e:?}"),
+    }
+    // Every later operation reports the broken context.
+    assert!(device.broken().is_some());
+    for len in [8, 0] {
+        let late = PinnedBuffer::<f32>::new(&device, len);
         assert!(
             matches!(late, Err(host::Error::ContextBroken(_))),
             "{late:?}"
         );
-        assert!(Stream::new(&device).is_err());
-        assert!(t0.elapsed() < Duration::from_secs(30), "no hang");
     }
+    let late = host::Registered::new(&device, Vec::<f32>::new());
+    assert!(
+        matches!(late, Err(host::Error::ContextBroken(_))),
+        "{late:?}"
+    );
+    assert!(Stream::new(&device).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(30), "no hang");
 }

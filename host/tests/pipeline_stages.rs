@@ -3,7 +3,7 @@
 //! backend; a stage's errors hand every array back.
 
 use futures::executor::block_on;
-use host::testing::{backends, random_floats, serial};
+use host::testing::{random_floats, serial};
 use host::{Error, PinnedPool, Pipeline, Plan};
 
 fn plans(n: usize) -> Vec<Plan> {
@@ -20,108 +20,107 @@ fn plans(n: usize) -> Vec<Plan> {
     ]
 }
 
-#[test]
-fn saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit() {
+host::backend_tests!(saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit);
+fn saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit(device: host::Device) {
     let _serial = serial();
-    for device in backends("pipeline_saxpy") {
-        let pool = PinnedPool::new(&device);
-        let pipe = Pipeline::new(&device, 3).unwrap();
-        for (k, n) in [1usize, 1000, 65_537, 1_000_003].into_iter().enumerate() {
-            for plan in plans(n) {
-                let plan = Plan {
-                    chunks: plan.chunks.min(n),
-                    ..plan
-                };
-                let (mut x, mut y) = (pool.alloc::<f32>(n).unwrap(), pool.alloc::<f32>(n).unwrap());
-                random_floats(x.as_mut_slice(), 100 + k as u64);
-                random_floats(y.as_mut_slice(), 200 + k as u64);
-                let out = pool.alloc::<f32>(n).unwrap();
-                let a = 1.75f32;
-                let (((x, y), (out,)), info) =
-                    block_on(pipe.run_stage((x, y), (out,), plan, false, |c, chunk| {
-                        let y_out = chunk.output::<f32>(0)?;
-                        c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
-                        c.saxpy(a, chunk.input::<f32>(0)?, y_out)
-                    }))
-                    .unwrap_or_else(|e| panic!("{} n={n} {plan}: {e}", device.kind()));
-                assert_eq!(info.plan, plan);
-                for i in 0..n {
-                    let want = gpu_kernels::elementwise::saxpy(a, x.as_slice()[i], y.as_slice()[i]);
-                    assert_eq!(
-                        out.as_slice()[i].to_bits(),
-                        want.to_bits(),
-                        "{} n={n} {plan}: element {i}",
-                        device.kind()
-                    );
-                }
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 3).unwrap();
+    for (k, n) in [1usize, 1000, 65_537, 1_000_003].into_iter().enumerate() {
+        for plan in plans(n) {
+            let plan = Plan {
+                chunks: plan.chunks.min(n),
+                ..plan
+            };
+            let (mut x, mut y) = (pool.alloc::<f32>(n).unwrap(), pool.alloc::<f32>(n).unwrap());
+            random_floats(x.as_mut_slice(), 100 + k as u64);
+            random_floats(y.as_mut_slice(), 200 + k as u64);
+            let out = pool.alloc::<f32>(n).unwrap();
+            let a = 1.75f32;
+            let (((x, y), (out,)), info) =
+                block_on(pipe.run_stage((x, y), (out,), plan, false, |c, chunk| {
+                    let y_out = chunk.output::<f32>(0)?;
+                    c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
+                    c.saxpy(a, chunk.input::<f32>(0)?, y_out)
+                }))
+                .unwrap_or_else(|e| panic!("{} n={n} {plan}: {e}", device.kind()));
+            assert_eq!(info.plan, plan);
+            for i in 0..n {
+                let want = gpu_kernels::elementwise::saxpy(a, x.as_slice()[i], y.as_slice()[i]);
+                assert_eq!(
+                    out.as_slice()[i].to_bits(),
+                    want.to_bits(),
+                    "{} n={n} {plan}: element {i}",
+                    device.kind()
+                );
             }
         }
     }
 }
 
-#[test]
-fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back() {
+host::backend_tests!(
+    arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back
+);
+fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back(
+    device: host::Device,
+) {
     let _serial = serial();
-    for device in backends("pipeline_types") {
-        let pool = PinnedPool::new(&device);
-        let pipe = Pipeline::new(&device, 3).unwrap();
-        let n = 100_003;
-        let mut ids = pool.alloc::<u32>(n).unwrap();
-        for (i, v) in ids.as_mut_slice().iter_mut().enumerate() {
-            *v = (i as u32).wrapping_mul(2_654_435_761);
-        }
-        let mut xs = pool.alloc::<f32>(n).unwrap();
-        random_floats(xs.as_mut_slice(), 5);
-        let mut bytes = pool.alloc::<u8>(n).unwrap();
-        for (i, v) in bytes.as_mut_slice().iter_mut().enumerate() {
-            *v = (i * 7 + 3) as u8;
-        }
-        let (out_ids, out_xs, out_bytes) = (
-            pool.alloc::<u32>(n).unwrap(),
-            pool.alloc::<f32>(n).unwrap(),
-            pool.alloc::<u8>(n).unwrap(),
-        );
-        // A stage that asks for the wrong type: refused, everything back.
-        let err = block_on(pipe.run_stage(
-            (ids, xs, bytes),
-            (out_ids, out_xs, out_bytes),
-            Plan::engines(4, 2),
-            false,
-            |c, chunk| c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(1)?),
-        ))
-        .unwrap_err();
-        assert!(
-            matches!(&err.error, Error::InvalidArgument(m) if m.contains("holds u32")),
-            "{err}"
-        );
-        let ((ids, xs, bytes), (out_ids, out_xs, out_bytes)) =
-            err.bundle.expect("the arrays come back");
-        // The right types: each output a copy of its input, scaled for f32.
-        let (((ids, xs, bytes), (out_ids, out_xs, out_bytes)), _) = block_on(pipe.run_stage(
-            (ids, xs, bytes),
-            (out_ids, out_xs, out_bytes),
-            Plan::uniform(6, 3),
-            false,
-            |c, chunk| {
-                c.copy_d2d(chunk.input::<u32>(0)?, chunk.output::<u32>(0)?)?;
-                let x = chunk.output::<f32>(1)?;
-                c.copy_d2d(chunk.input::<f32>(1)?, x)?;
-                c.kernel(host::Kernel::Scale { s: 3.0 }, x)?;
-                c.copy_d2d(chunk.input::<u8>(2)?, chunk.output::<u8>(2)?)
-            },
-        ))
-        .unwrap();
-        assert_eq!(out_ids.as_slice(), ids.as_slice());
-        assert_eq!(out_bytes.as_slice(), bytes.as_slice());
-        for (o, x) in out_xs.as_slice().iter().zip(xs.as_slice()) {
-            assert_eq!(o.to_bits(), (x * 3.0).to_bits());
-        }
-        // Arrays of unequal lengths: refused before anything is enqueued.
-        let short = pool.alloc::<u8>(n - 1).unwrap();
-        let err =
-            block_on(pipe.run_stage((ids,), (short,), Plan::uniform(2, 1), false, |_, _| Ok(())))
-                .unwrap_err();
-        assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
-        assert!(err.bundle.is_some());
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 3).unwrap();
+    let n = 100_003;
+    let mut ids = pool.alloc::<u32>(n).unwrap();
+    for (i, v) in ids.as_mut_slice().iter_mut().enumerate() {
+        *v = (i as u32).wrapping_mul(2_654_435_761);
     }
+    let mut xs = pool.alloc::<f32>(n).unwrap();
+    random_floats(xs.as_mut_slice(), 5);
+    let mut bytes = pool.alloc::<u8>(n).unwrap();
+    for (i, v) in bytes.as_mut_slice().iter_mut().enumerate() {
+        *v = (i * 7 + 3) as u8;
+    }
+    let (out_ids, out_xs, out_bytes) = (
+        pool.alloc::<u32>(n).unwrap(),
+        pool.alloc::<f32>(n).unwrap(),
+        pool.alloc::<u8>(n).unwrap(),
+    );
+    // A stage that asks for the wrong type: refused, everything back.
+    let err = block_on(pipe.run_stage(
+        (ids, xs, bytes),
+        (out_ids, out_xs, out_bytes),
+        Plan::engines(4, 2),
+        false,
+        |c, chunk| c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(1)?),
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(&err.error, Error::InvalidArgument(m) if m.contains("holds u32")),
+        "{err}"
+    );
+    let ((ids, xs, bytes), (out_ids, out_xs, out_bytes)) =
+        err.bundle.expect("the arrays come back");
+    // The right types: each output a copy of its input, scaled for f32.
+    let (((ids, xs, bytes), (out_ids, out_xs, out_bytes)), _) = block_on(pipe.run_stage(
+        (ids, xs, bytes),
+        (out_ids, out_xs, out_bytes),
+        Plan::uniform(6, 3),
+        false,
+        |c, chunk| {
+            c.copy_d2d(chunk.input::<u32>(0)?, chunk.output::<u32>(0)?)?;
+            let x = chunk.output::<f32>(1)?;
+            c.copy_d2d(chunk.input::<f32>(1)?, x)?;
+            c.kernel(host::Kernel::Scale { s: 3.0 }, x)?;
+            c.copy_d2d(chunk.input::<u8>(2)?, chunk.output::<u8>(2)?)
+        },
+    ))
+    .unwrap();
+    assert_eq!(out_ids.as_slice(), ids.as_slice());
+    assert_eq!(out_bytes.as_slice(), bytes.as_slice());
+    for (o, x) in out_xs.as_slice().iter().zip(xs.as_slice()) {
+        assert_eq!(o.to_bits(), (x * 3.0).to_bits());
+    }
+    // Arrays of unequal lengths: refused before anything is enqueued.
+    let short = pool.alloc::<u8>(n - 1).unwrap();
+    let err = block_on(pipe.run_stage((ids,), (short,), Plan::uniform(2, 1), false, |_, _| Ok(())))
+        .unwrap_err();
+    assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
+    assert!(err.bundle.is_some());
 }

@@ -33,7 +33,7 @@
 
 use futures::executor::block_on;
 use futures::FutureExt;
-use host::testing::{backends, serial, watchdog};
+use host::testing::{serial, watchdog};
 use host::{
     BackendKind, Commands, Device, DeviceBuffer, DeviceSliceMut, Error, Event, HostSlice,
     HostSliceMut, Job, JobError, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool,
@@ -2442,43 +2442,46 @@ impl<'d> World<'d> {
     }
 }
 
-fn run_profile(test: &str, profile: &Profile, default_seeds: &[u64]) {
+fn run_profile(device: Device, test: &str, profile: &Profile, default_seeds: &[u64]) {
     quiet_deliberate_panics();
     let steps = steps();
-    for device in backends(test) {
-        let _g = serial();
-        let t = std::time::Instant::now();
-        for seed in seeds(default_seeds) {
-            let mut w = World::new(&device, seed, profile.bad_rate);
-            for step in 0..steps {
-                w.step = step;
-                w.step(profile);
-            }
-            w.finish(steps);
+    let _g = serial();
+    let t = std::time::Instant::now();
+    for seed in seeds(default_seeds) {
+        let mut w = World::new(&device, seed, profile.bad_rate);
+        for step in 0..steps {
+            w.step = step;
+            w.step(profile);
         }
-        eprintln!(
-            "random_api {test}: {:?}, {} seeds x {steps} steps in {:.2?}",
-            device.kind(),
-            seeds(default_seeds).len(),
-            t.elapsed()
-        );
-        if device.kind() == BackendKind::Cuda {
-            eprintln!("random_api {test}: ran on CUDA");
-        }
+        w.finish(steps);
+    }
+    eprintln!(
+        "random_api {test}: {:?}, {} seeds x {steps} steps in {:.2?}",
+        device.kind(),
+        seeds(default_seeds).len(),
+        t.elapsed()
+    );
+    if device.kind() == BackendKind::Cuda {
+        eprintln!("random_api {test}: ran on CUDA");
     }
 }
 
-#[test]
-fn random_sequences_of_public_operations_agree_with_the_model() {
-    run_profile("random_api", &BALANCED, &[1, 2, 3, 4]);
+host::backend_tests!(random_sequences_of_public_operations_agree_with_the_model);
+fn random_sequences_of_public_operations_agree_with_the_model(device: Device) {
+    run_profile(device, "random_api", &BALANCED, &[1, 2, 3, 4]);
 }
 
-#[test]
-fn random_sequences_heavy_on_cancellation_lose_and_reuse_nothing_early() {
-    run_profile("random_api_cancellation", &CANCELLING, &[101, 102, 103]);
+host::backend_tests!(random_sequences_heavy_on_cancellation_lose_and_reuse_nothing_early);
+fn random_sequences_heavy_on_cancellation_lose_and_reuse_nothing_early(device: Device) {
+    run_profile(
+        device,
+        "random_api_cancellation",
+        &CANCELLING,
+        &[101, 102, 103],
+    );
 }
 
-#[test]
-fn random_sequences_heavy_on_bad_commands_and_plans_hand_every_buffer_back() {
-    run_profile("random_api_bad_input", &BAD_INPUT, &[201, 202, 203]);
+host::backend_tests!(random_sequences_heavy_on_bad_commands_and_plans_hand_every_buffer_back);
+fn random_sequences_heavy_on_bad_commands_and_plans_hand_every_buffer_back(device: Device) {
+    run_profile(device, "random_api_bad_input", &BAD_INPUT, &[201, 202, 203]);
 }

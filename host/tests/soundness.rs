@@ -17,7 +17,7 @@
 //! needs before closing its gate.
 
 use futures::executor::block_on;
-use host::testing::{backends, random_floats, serial, watchdog};
+use host::testing::{random_floats, serial, watchdog};
 use host::{
     DeviceBuffer, Error, Event, Kernel, MappedFlag, PinnedBuffer, PinnedHost, PinnedPool, Pipeline,
     Plan, Stream,
@@ -48,275 +48,267 @@ fn panicking_batch<'a>(
     panic!("a bug in the user's batch, after a command was queued")
 }
 
-#[test]
-fn a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish() {
+host::backend_tests!(a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish);
+fn a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish(device: host::Device) {
     let _serial = serial();
-    for device in backends("panic_in_batch") {
-        for sync in [false, true] {
-            let n = 4096;
-            let pool = PinnedPool::new(&device);
-            let stream = Stream::new(&device).unwrap();
-            // Everything allocated before the gate closes (see the module docs):
-            // the device data the queued D2H will write, the destination, and a
-            // cached block of the same class for the allocation after the panic.
-            let device_data = random(n, 11);
-            let mut dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
-            dev.copy_from_host_sync(&device_data).unwrap();
-            let out = pool.alloc::<f32>(n).unwrap();
-            drop(pool.alloc::<f32>(n).unwrap());
-            let gate = hold(&stream, &device);
-            let _watchdog = watchdog(&gate);
-            let bundle = (dev, out);
-            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                if sync {
-                    // run_sync would wait after the closure; the panic comes first.
-                    let _ = stream.run_sync(bundle, panicking_batch);
-                } else {
-                    drop(stream.run(bundle, panicking_batch));
-                }
-            }));
-            assert!(panicked.is_err(), "the panic reaches the caller");
-            // The program goes on and takes a buffer of the same size: it must
-            // not be the one the queued D2H still writes into.
-            let mine_data = random(n, 12);
-            let mut mine = pool.alloc::<f32>(n).unwrap();
-            mine.as_mut_slice().copy_from_slice(&mine_data);
-            assert_eq!(
-                pool.stats().blocks_in_use,
-                2,
-                "sync={sync}: the panicked batch's destination is still lent out"
-            );
-            gate.set(1);
-            device.synchronize().unwrap();
-            assert_eq!(
-                mine.as_slice(),
-                &mine_data[..],
-                "{}, sync={sync}: the queued D2H overwrote a buffer allocated after the panic",
-                device.kind()
-            );
-            drop(mine);
-            assert_eq!(
-                pool.stats().blocks_in_use,
-                0,
-                "sync={sync}: released once done"
-            );
-        }
+    for sync in [false, true] {
+        let n = 4096;
+        let pool = PinnedPool::new(&device);
+        let stream = Stream::new(&device).unwrap();
+        // Everything allocated before the gate closes (see the module docs):
+        // the device data the queued D2H will write, the destination, and a
+        // cached block of the same class for the allocation after the panic.
+        let device_data = random(n, 11);
+        let mut dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+        dev.copy_from_host_sync(&device_data).unwrap();
+        let out = pool.alloc::<f32>(n).unwrap();
+        drop(pool.alloc::<f32>(n).unwrap());
+        let gate = hold(&stream, &device);
+        let _watchdog = watchdog(&gate);
+        let bundle = (dev, out);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if sync {
+                // run_sync would wait after the closure; the panic comes first.
+                let _ = stream.run_sync(bundle, panicking_batch);
+            } else {
+                drop(stream.run(bundle, panicking_batch));
+            }
+        }));
+        assert!(panicked.is_err(), "the panic reaches the caller");
+        // The program goes on and takes a buffer of the same size: it must
+        // not be the one the queued D2H still writes into.
+        let mine_data = random(n, 12);
+        let mut mine = pool.alloc::<f32>(n).unwrap();
+        mine.as_mut_slice().copy_from_slice(&mine_data);
+        assert_eq!(
+            pool.stats().blocks_in_use,
+            2,
+            "sync={sync}: the panicked batch's destination is still lent out"
+        );
+        gate.set(1);
+        device.synchronize().unwrap();
+        assert_eq!(
+            mine.as_slice(),
+            &mine_data[..],
+            "{}, sync={sync}: the queued D2H overwrote a buffer allocated after the panic",
+            device.kind()
+        );
+        drop(mine);
+        assert_eq!(
+            pool.stats().blocks_in_use,
+            0,
+            "sync={sync}: released once done"
+        );
     }
 }
 
-#[test]
-fn timeline_points_of_a_pipeline_run_measure_on_every_backend() {
+host::backend_tests!(timeline_points_of_a_pipeline_run_measure_on_every_backend);
+fn timeline_points_of_a_pipeline_run_measure_on_every_backend(device: host::Device) {
     let _serial = serial();
-    for device in backends("timeline_points") {
-        let n = 200_000;
-        let pool = PinnedPool::new(&device);
-        let pipe = Pipeline::new(&device, 4).unwrap();
-        for plan in [Plan::uniform(4, 2), Plan::engines(5, 2)] {
-            let mut input = pool.alloc::<f32>(n).unwrap();
-            random_floats(input.as_mut_slice(), 3);
-            let output = pool.alloc::<f32>(n).unwrap();
-            let ((_, _), info) =
-                block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, true)).unwrap();
-            let timeline = info.timeline.expect("asked for a timeline");
-            assert_eq!(timeline.len(), plan.ranges(n).len());
-            for chunk in &timeline {
-                let [t0, t1, t2, t3] = &chunk.events;
-                for (a, b) in [(t0, t1), (t1, t2), (t2, t3), (t0, t3)] {
-                    let ms = a.elapsed_ms(b).unwrap_or_else(|e| {
-                        panic!("{} {plan}: chunk {}: {e}", device.kind(), chunk.chunk)
-                    });
-                    assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
-                }
+    let n = 200_000;
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 4).unwrap();
+    for plan in [Plan::uniform(4, 2), Plan::engines(5, 2)] {
+        let mut input = pool.alloc::<f32>(n).unwrap();
+        random_floats(input.as_mut_slice(), 3);
+        let output = pool.alloc::<f32>(n).unwrap();
+        let ((_, _), info) =
+            block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, true)).unwrap();
+        let timeline = info.timeline.expect("asked for a timeline");
+        assert_eq!(timeline.len(), plan.ranges(n).len());
+        for chunk in &timeline {
+            let [t0, t1, t2, t3] = &chunk.events;
+            for (a, b) in [(t0, t1), (t1, t2), (t2, t3), (t0, t3)] {
+                let ms = a.elapsed_ms(b).unwrap_or_else(|e| {
+                    panic!("{} {plan}: chunk {}: {e}", device.kind(), chunk.chunk)
+                });
+                assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
             }
         }
     }
 }
 
-#[test]
-fn device_synchronize_waits_for_queued_work_and_for_cancelled_jobs_releases() {
+host::backend_tests!(device_synchronize_waits_for_queued_work_and_for_cancelled_jobs_releases);
+fn device_synchronize_waits_for_queued_work_and_for_cancelled_jobs_releases(device: host::Device) {
     let _serial = serial();
-    for device in backends("device_synchronize") {
-        let n = 10_000;
-        let pool = PinnedPool::new(&device);
-        let stream = Stream::new(&device).unwrap();
-        let mut input = pool.alloc::<f32>(n).unwrap();
-        random_floats(input.as_mut_slice(), 5);
-        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
-        let gate = hold(&stream, &device);
-        let _watchdog = watchdog(&gate);
-        // Queued behind the gate, then cancelled: its pool buffer comes back
-        // only once the GPU is done with it.
-        let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
-        drop(job);
-        assert_eq!(pool.stats().blocks_in_use, 1);
-        let opener = {
-            let gate = gate.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
-                gate.set(1);
-            })
-        };
-        let t = Instant::now();
-        device.synchronize().unwrap();
-        let waited = t.elapsed();
-        opener.join().unwrap();
-        assert!(
-            waited >= Duration::from_millis(250),
-            "{}: synchronize returned after {waited:?}, before the gated work ran",
-            device.kind()
-        );
+    let n = 10_000;
+    let pool = PinnedPool::new(&device);
+    let stream = Stream::new(&device).unwrap();
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    random_floats(input.as_mut_slice(), 5);
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    // Queued behind the gate, then cancelled: its pool buffer comes back
+    // only once the GPU is done with it.
+    let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
+    drop(job);
+    assert_eq!(pool.stats().blocks_in_use, 1);
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            gate.set(1);
+        })
+    };
+    let t = Instant::now();
+    device.synchronize().unwrap();
+    let waited = t.elapsed();
+    opener.join().unwrap();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "{}: synchronize returned after {waited:?}, before the gated work ran",
+        device.kind()
+    );
+    assert_eq!(
+        pool.stats().blocks_in_use,
+        0,
+        "{}: the cancelled job's buffer is back when synchronize returns",
+        device.kind()
+    );
+}
+
+host::backend_tests!(
+    partially_overlapping_operands_are_refused_and_the_same_range_is_computed_in_place
+);
+fn partially_overlapping_operands_are_refused_and_the_same_range_is_computed_in_place(
+    device: host::Device,
+) {
+    let _serial = serial();
+    let n = 1000;
+    let stream = Stream::new(&device).unwrap();
+    let data = random(n, 7);
+    let host_in = PinnedBuffer::from_slice(&device, &data).unwrap();
+    let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    // saxpy with x = y[0..500], y = y[250..750]: refused, bundle back.
+    let err = block_on(stream.run((host_in, dev, out), |c, (i, d, _)| {
+        let d = d.view_mut();
+        c.copy_h2d(i.host(), d)?;
+        c.saxpy(2.0, d.range(0..500)?, d.range(250..750)?)
+    }))
+    .unwrap_err();
+    assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
+    let (host_in, dev, out) = err.bundle.expect("the buffers come back");
+    assert_eq!(host_in.as_slice(), &data[..], "input untouched");
+    // copy_d2d between overlapping ranges: refused.
+    let err = block_on(stream.run((host_in, dev, out), |c, (_, d, _)| {
+        let d = d.view_mut();
+        c.copy_d2d(d.range(0..600)?, d.range(400..1000)?)
+    }))
+    .unwrap_err();
+    assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
+    let (host_in, dev, out) = err.bundle.expect("the buffers come back");
+    // The same range as x and y: y = a*y + y, elementwise, bit-exact.
+    let ((_, _, out), ()) = block_on(stream.run((host_in, dev, out), |c, (i, d, o)| {
+        let d = d.view_mut();
+        c.copy_h2d(i.host(), d)?;
+        c.saxpy(0.75, d, d)?;
+        c.copy_d2h(d, o.host_mut())
+    }))
+    .unwrap();
+    for (k, (&got, &x)) in out.as_slice().iter().zip(&data).enumerate() {
+        let want = gpu_kernels::elementwise::saxpy(0.75, x, x);
         assert_eq!(
-            pool.stats().blocks_in_use,
-            0,
-            "{}: the cancelled job's buffer is back when synchronize returns",
+            got.to_bits(),
+            want.to_bits(),
+            "{}: element {k}",
             device.kind()
         );
     }
 }
 
-#[test]
-fn partially_overlapping_operands_are_refused_and_the_same_range_is_computed_in_place() {
+host::backend_tests!(timing_errors_are_the_same_on_every_backend);
+fn timing_errors_are_the_same_on_every_backend(device: host::Device) {
     let _serial = serial();
-    for device in backends("overlap") {
-        let n = 1000;
-        let stream = Stream::new(&device).unwrap();
-        let data = random(n, 7);
-        let host_in = PinnedBuffer::from_slice(&device, &data).unwrap();
-        let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
-        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
-        // saxpy with x = y[0..500], y = y[250..750]: refused, bundle back.
-        let err = block_on(stream.run((host_in, dev, out), |c, (i, d, _)| {
-            let d = d.view_mut();
-            c.copy_h2d(i.host(), d)?;
-            c.saxpy(2.0, d.range(0..500)?, d.range(250..750)?)
-        }))
-        .unwrap_err();
-        assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
-        let (host_in, dev, out) = err.bundle.expect("the buffers come back");
-        assert_eq!(host_in.as_slice(), &data[..], "input untouched");
-        // copy_d2d between overlapping ranges: refused.
-        let err = block_on(stream.run((host_in, dev, out), |c, (_, d, _)| {
-            let d = d.view_mut();
-            c.copy_d2d(d.range(0..600)?, d.range(400..1000)?)
-        }))
-        .unwrap_err();
-        assert!(matches!(err.error, Error::Overlap { .. }), "{err}");
-        let (host_in, dev, out) = err.bundle.expect("the buffers come back");
-        // The same range as x and y: y = a*y + y, elementwise, bit-exact.
-        let ((_, _, out), ()) = block_on(stream.run((host_in, dev, out), |c, (i, d, o)| {
-            let d = d.view_mut();
-            c.copy_h2d(i.host(), d)?;
-            c.saxpy(0.75, d, d)?;
-            c.copy_d2h(d, o.host_mut())
-        }))
-        .unwrap();
-        for (k, (&got, &x)) in out.as_slice().iter().zip(&data).enumerate() {
-            let want = gpu_kernels::elementwise::saxpy(0.75, x, x);
-            assert_eq!(
-                got.to_bits(),
-                want.to_bits(),
-                "{}: element {k}",
-                device.kind()
-            );
-        }
-    }
+    let stream = Stream::new(&device).unwrap();
+    let (a, b) = (stream.record().unwrap(), stream.record().unwrap());
+    block_on(b.wait()).unwrap();
+    assert!(
+        matches!(a.elapsed_ms(&b), Err(Error::NotTimed)),
+        "{}",
+        device.kind()
+    );
+    let timed = stream.record_timed().unwrap();
+    assert!(matches!(a.elapsed_ms(&timed), Err(Error::NotTimed)));
+    let later = stream.record_timed().unwrap();
+    block_on(later.wait()).unwrap();
+    assert!(timed.elapsed_ms(&later).unwrap() >= 0.0);
+    // Timed, but the stream has not reached the second one yet.
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    let pending = stream.record_timed().unwrap();
+    assert!(
+        matches!(timed.elapsed_ms(&pending), Err(Error::NotReady)),
+        "{}",
+        device.kind()
+    );
+    gate.set(1);
+    block_on(pending.wait()).unwrap();
+    assert!(timed.elapsed_ms(&pending).unwrap() >= 0.0);
 }
 
-#[test]
-fn timing_errors_are_the_same_on_every_backend() {
+host::backend_tests!(a_validation_error_hands_the_buffers_back_intact);
+fn a_validation_error_hands_the_buffers_back_intact(device: host::Device) {
     let _serial = serial();
-    for device in backends("timing_errors") {
-        let stream = Stream::new(&device).unwrap();
-        let (a, b) = (stream.record().unwrap(), stream.record().unwrap());
-        block_on(b.wait()).unwrap();
-        assert!(
-            matches!(a.elapsed_ms(&b), Err(Error::NotTimed)),
-            "{}",
-            device.kind()
-        );
-        let timed = stream.record_timed().unwrap();
-        assert!(matches!(a.elapsed_ms(&timed), Err(Error::NotTimed)));
-        let later = stream.record_timed().unwrap();
-        block_on(later.wait()).unwrap();
-        assert!(timed.elapsed_ms(&later).unwrap() >= 0.0);
-        // Timed, but the stream has not reached the second one yet.
-        let gate = hold(&stream, &device);
-        let _watchdog = watchdog(&gate);
-        let pending = stream.record_timed().unwrap();
-        assert!(
-            matches!(timed.elapsed_ms(&pending), Err(Error::NotReady)),
-            "{}",
-            device.kind()
-        );
-        gate.set(1);
-        block_on(pending.wait()).unwrap();
-        assert!(timed.elapsed_ms(&pending).unwrap() >= 0.0);
-    }
-}
-
-#[test]
-fn a_validation_error_hands_the_buffers_back_intact() {
-    let _serial = serial();
-    for device in backends("errors_hand_back") {
-        let n = 5000;
-        let data = random(n, 9);
-        let pool = PinnedPool::new(&device);
-        let pipe = Pipeline::new(&device, 2).unwrap();
-        let stream = Stream::new(&device).unwrap();
-        let mut input = pool.alloc::<f32>(n).unwrap();
-        input.as_mut_slice().copy_from_slice(&data);
-        let output = pool.alloc::<f32>(n).unwrap();
-        // Bad plans: no chunks; more streams than the pipeline has.
-        let mut bundle = (input, output);
-        for plan in [
-            Plan::uniform(0, 1),
-            Plan::uniform(2, 3),
-            Plan::engines(4, 2),
-        ] {
-            let err = block_on(pipe.run(bundle.0, bundle.1, Kernel::Scale { s: 2.0 }, plan, false))
-                .unwrap_err();
-            assert!(
-                matches!(err.error, Error::InvalidArgument(_)),
-                "{plan}: {err}"
-            );
-            bundle = err.bundle.expect("the buffers come back");
-            assert_eq!(bundle.0.as_slice(), &data[..], "{plan}: input intact");
-        }
-        // Unequal lengths.
-        let short = pool.alloc::<f32>(n - 1).unwrap();
-        let err = block_on(pipe.run(
-            bundle.0,
-            short,
-            Kernel::Scale { s: 2.0 },
-            Plan::auto(n),
-            false,
-        ))
-        .unwrap_err();
-        assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
-        let (input, _short) = err.bundle.expect("the buffers come back");
-        assert_eq!(input.as_slice(), &data[..]);
-        // A batch whose command fails, sync and async.
-        let dev = DeviceBuffer::<f32>::new(&device, n + 1).unwrap();
-        let err = stream
-            .run_sync((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()))
+    let n = 5000;
+    let data = random(n, 9);
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 2).unwrap();
+    let stream = Stream::new(&device).unwrap();
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let output = pool.alloc::<f32>(n).unwrap();
+    // Bad plans: no chunks; more streams than the pipeline has.
+    let mut bundle = (input, output);
+    for plan in [
+        Plan::uniform(0, 1),
+        Plan::uniform(2, 3),
+        Plan::engines(4, 2),
+    ] {
+        let err = block_on(pipe.run(bundle.0, bundle.1, Kernel::Scale { s: 2.0 }, plan, false))
             .unwrap_err();
-        assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
-        let (input, dev) = err.bundle.expect("the buffers come back");
-        let err = block_on(stream.run((input, dev), |c, (i, d)| {
-            c.copy_h2d(i.host(), d.view_mut().range(0..n + 2)?)
-        }))
-        .unwrap_err();
-        assert!(matches!(err.error, Error::OutOfBounds { .. }), "{err}");
-        let (input, _dev) = err.bundle.expect("the buffers come back");
-        assert_eq!(input.as_slice(), &data[..]);
-        // And the error converts for `?` in functions returning host::Result.
-        let as_error: Error = host::JobError::<()> {
-            error: Error::NotReady,
-            bundle: None,
-        }
-        .into();
-        assert!(matches!(as_error, Error::NotReady));
+        assert!(
+            matches!(err.error, Error::InvalidArgument(_)),
+            "{plan}: {err}"
+        );
+        bundle = err.bundle.expect("the buffers come back");
+        assert_eq!(bundle.0.as_slice(), &data[..], "{plan}: input intact");
     }
+    // Unequal lengths.
+    let short = pool.alloc::<f32>(n - 1).unwrap();
+    let err = block_on(pipe.run(
+        bundle.0,
+        short,
+        Kernel::Scale { s: 2.0 },
+        Plan::auto(n),
+        false,
+    ))
+    .unwrap_err();
+    assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
+    let (input, _short) = err.bundle.expect("the buffers come back");
+    assert_eq!(input.as_slice(), &data[..]);
+    // A batch whose command fails, sync and async.
+    let dev = DeviceBuffer::<f32>::new(&device, n + 1).unwrap();
+    let err = stream
+        .run_sync((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()))
+        .unwrap_err();
+    assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
+    let (input, dev) = err.bundle.expect("the buffers come back");
+    let err = block_on(stream.run((input, dev), |c, (i, d)| {
+        c.copy_h2d(i.host(), d.view_mut().range(0..n + 2)?)
+    }))
+    .unwrap_err();
+    assert!(matches!(err.error, Error::OutOfBounds { .. }), "{err}");
+    let (input, _dev) = err.bundle.expect("the buffers come back");
+    assert_eq!(input.as_slice(), &data[..]);
+    // And the error converts for `?` in functions returning host::Result.
+    let as_error: Error = host::JobError::<()> {
+        error: Error::NotReady,
+        bundle: None,
+    }
+    .into();
+    assert!(matches!(as_error, Error::NotReady));
 }
 
 /// A bundle whose `Drop` blocks on the device: dropped by a cancelled job's
@@ -334,74 +326,74 @@ impl Drop for BlocksOnDrop {
     }
 }
 
-#[test]
-fn a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang() {
+host::backend_tests!(
+    a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang
+);
+fn a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang(
+    device: host::Device,
+) {
     let _serial = serial();
-    for device in backends("blocking_drop") {
-        let stream = Stream::new(&device).unwrap();
-        let seen = Arc::new(std::sync::Mutex::new(None));
-        let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
-        let gate = hold(&stream, &device);
-        let _watchdog = watchdog(&gate);
-        let bundle = BlocksOnDrop {
-            device: device.clone(),
-            seen: seen.clone(),
-            _dev: dev,
-        };
-        // Cancelled while held: its bundle is dropped by the completion source.
-        drop(stream.run(bundle, |c, b| {
-            c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
-        }));
-        gate.set(1);
-        device.synchronize().unwrap();
-        let seen = seen.lock().unwrap().take();
-        assert!(
-            matches!(seen, Some(Err(Error::Internal(_)))),
-            "{}: {seen:?}",
-            device.kind()
-        );
-    }
+    let stream = Stream::new(&device).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    let bundle = BlocksOnDrop {
+        device: device.clone(),
+        seen: seen.clone(),
+        _dev: dev,
+    };
+    // Cancelled while held: its bundle is dropped by the completion source.
+    drop(stream.run(bundle, |c, b| {
+        c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
+    }));
+    gate.set(1);
+    device.synchronize().unwrap();
+    let seen = seen.lock().unwrap().take();
+    assert!(
+        matches!(seen, Some(Err(Error::Internal(_)))),
+        "{}: {seen:?}",
+        device.kind()
+    );
 }
 
-#[test]
-fn dropping_a_stream_waits_for_its_queued_work_so_synchronize_misses_nothing() {
+host::backend_tests!(dropping_a_stream_waits_for_its_queued_work_so_synchronize_misses_nothing);
+fn dropping_a_stream_waits_for_its_queued_work_so_synchronize_misses_nothing(device: host::Device) {
     let _serial = serial();
-    for device in backends("dropped_stream") {
-        let n = 4096;
-        let pool = PinnedPool::new(&device);
-        let stream = Stream::new(&device).unwrap();
-        let mut input = pool.alloc::<f32>(n).unwrap();
-        random_floats(input.as_mut_slice(), 21);
-        let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
-        let gate = hold(&stream, &device);
-        let _watchdog = watchdog(&gate);
-        let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
-        let marker = stream.record().unwrap();
-        drop(job);
-        let opener = {
-            let gate = gate.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(200));
-                gate.set(1);
-            })
-        };
-        drop(stream);
-        opener.join().unwrap();
-        assert!(
-            marker.is_done(),
-            "{}: the dropped stream's queued work ran before the drop returned",
-            device.kind()
-        );
-        device.synchronize().unwrap();
-        assert_eq!(pool.stats().blocks_in_use, 0, "{}", device.kind());
-        // A batch that queued no copy or kernel: run_sync still waits for it.
-        let stream = Stream::new(&device).unwrap();
-        let (ev, ()) = stream
-            .run_sync(Vec::<Event>::new(), |c, evs| {
-                evs.push(c.record()?);
-                Ok(())
-            })
-            .unwrap();
-        assert!(ev.iter().all(Event::is_done), "{}", device.kind());
-    }
+    let n = 4096;
+    let pool = PinnedPool::new(&device);
+    let stream = Stream::new(&device).unwrap();
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    random_floats(input.as_mut_slice(), 21);
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    let job = stream.run((input, dev), |c, (i, d)| c.copy_h2d(i.host(), d.view_mut()));
+    let marker = stream.record().unwrap();
+    drop(job);
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            gate.set(1);
+        })
+    };
+    drop(stream);
+    opener.join().unwrap();
+    assert!(
+        marker.is_done(),
+        "{}: the dropped stream's queued work ran before the drop returned",
+        device.kind()
+    );
+    device.synchronize().unwrap();
+    assert_eq!(pool.stats().blocks_in_use, 0, "{}", device.kind());
+    // A batch that queued no copy or kernel: run_sync still waits for it.
+    let stream = Stream::new(&device).unwrap();
+    let (ev, ()) = stream
+        .run_sync(Vec::<Event>::new(), |c, evs| {
+            evs.push(c.record()?);
+            Ok(())
+        })
+        .unwrap();
+    assert!(ev.iter().all(Event::is_done), "{}", device.kind());
 }
