@@ -37,7 +37,7 @@ san() {  # tool, test name, extra args
   local exe; exe=$(ls .gpu/tests/"$t"-* 2>/dev/null | head -1)
   [ -n "$exe" ] || { note "no test executable for $t"; fail=1; return; }
   REQUIRE_GPU=1 RANDOM_API_STEPS=${RANDOM_API_STEPS:-150} timeout 400 \
-    compute-sanitizer --tool "$tool" "$@" --error-exitcode 9 "$exe" --test-threads=1 \
+    compute-sanitizer --tool "$tool" "$@" --error-exitcode 9 "$exe" --include-ignored --test-threads=1 \
     > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
   grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
 }
