@@ -8,4 +8,6 @@ fn main() {
         .export_arch("BF16_KERNELS_ARCH")
         .expect_entries(["widen_bf16", "narrow_f32", "scale_bf16_f32", "scale_bf16"])
         .build_or_exit();
+    // Tests' CUDA halves run by default where the build machine has a GPU.
+    kernel_builder::emit_gpu_cfg("host_gpu");
 }

@@ -69,6 +69,23 @@ pub use hint::MissingComponent;
 pub use manifest::lib_name;
 pub use notice::notice;
 
+/// Whether this machine shows an NVIDIA GPU to the driver
+/// (`/proc/driver/nvidia/gpus` lists one).
+pub fn gpu_present() -> bool {
+    std::fs::read_dir("/proc/driver/nvidia/gpus").is_ok_and(|mut d| d.next().is_some())
+}
+
+/// For a build script: declares the cfg `name` and sets it when the building
+/// machine has a GPU, so tests can mark their GPU halves
+/// `#[cfg_attr(not(name), ignore)]` (shown as ignored, not passed, on a
+/// machine without one).
+pub fn emit_gpu_cfg(name: &str) {
+    println!("cargo:rustc-check-cfg=cfg({name})");
+    if gpu_present() {
+        println!("cargo:rustc-cfg={name}");
+    }
+}
+
 use config::Knobs;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
