@@ -168,7 +168,7 @@ impl Completion {
     }
 }
 
-/// Future returned by [`Completion::wait`].
+/// Future returned by [`Event::wait`](crate::Event::wait).
 #[derive(Debug)]
 #[must_use = "futures do nothing unless awaited"]
 pub struct Wait {

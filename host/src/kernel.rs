@@ -40,10 +40,10 @@ impl LaunchConfig {
     /// One block of one thread.
     pub const SINGLE: LaunchConfig = LaunchConfig { grid: 1, block: 1 };
 
-    /// For a grid-stride kernel over `items` work items: blocks of
-    /// [`BLOCK`] threads, as many as the items need but no more than fill
-    /// the device ([`BLOCKS_PER_SM`] per multiprocessor; on the CPU
-    /// emulation, per worker thread). At least one block.
+    /// For a grid-stride kernel over `items` work items: blocks of 256
+    /// threads, as many as the items need but no more than fill the device
+    /// (8 blocks per multiprocessor; on the CPU emulation, per worker
+    /// thread). At least one block.
     pub fn grid_stride(device: &Device, items: usize) -> LaunchConfig {
         let needed = (items as u64).div_ceil(BLOCK as u64).max(1);
         let full = (device.info().compute_units.max(1) as u64) * BLOCKS_PER_SM as u64;
