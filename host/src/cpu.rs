@@ -104,20 +104,41 @@ fn page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
 }
 
-/// The soft memlock limit, as text.
-pub fn memlock_limit() -> String {
+/// The soft limit on locked memory (`RLIMIT_MEMLOCK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemlockLimit {
+    /// No limit.
+    Unlimited,
+    /// At most this many bytes.
+    Bytes(u64),
+    /// `getrlimit` failed.
+    Unknown,
+}
+
+impl std::fmt::Display for MemlockLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemlockLimit::Unlimited => f.write_str("unlimited"),
+            MemlockLimit::Bytes(b) => write!(f, "{b} bytes"),
+            MemlockLimit::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
+/// The soft memlock limit of this process.
+pub fn memlock_limit() -> MemlockLimit {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: writes one rlimit struct.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
-        return "unknown".into();
+        return MemlockLimit::Unknown;
     }
     if lim.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
+        MemlockLimit::Unlimited
     } else {
-        format!("{} bytes", lim.rlim_cur)
+        MemlockLimit::Bytes(lim.rlim_cur)
     }
 }
 

@@ -55,7 +55,7 @@ pub mod testing;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
 pub use completion::Wait;
-pub use cpu::{memlock_limit, LockPolicy};
+pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, WaitMode};
 pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV};
 pub use error::{Error, JobError, Result};

@@ -333,18 +333,9 @@ pub fn print(res: &Results) {
 
 /// The soft memlock limit, human-readable.
 fn memlock_limit() -> String {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: writes one rlimit struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
-        return "unknown".into();
-    }
-    if lim.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        super::fmt::bytes(lim.rlim_cur)
+    match host::memlock_limit() {
+        host::MemlockLimit::Bytes(b) => super::fmt::bytes(b),
+        other => other.to_string(),
     }
 }
 
