@@ -711,13 +711,16 @@ impl<'a> Commands<'a> {
     /// Orders the rest of this batch after `event` (of any stream of the
     /// same device).
     pub fn wait_event(&mut self, event: &Event) -> Result<()> {
-        self.same_device(event.device.id())?;
-        self.raw.wait(event.raw())
+        self.wait_raw(&event.device, event.raw())
     }
 
     pub(crate) fn wait_mark(&mut self, mark: &Mark) -> Result<()> {
-        self.same_device(mark.device.id())?;
-        self.raw.wait(mark.raw())
+        self.wait_raw(&mark.device, mark.raw())
+    }
+
+    fn wait_raw(&mut self, device: &Device, raw: &RawEvent) -> Result<()> {
+        self.same_device(device.id())?;
+        self.raw.wait(raw)
     }
 
     /// Records a point that other streams' commands can wait for; with
