@@ -1,5 +1,8 @@
 //! Builds `gpu-kernels` for `nvptx64-nvidia-cuda` with kernel-builder and
-//! embeds the PTX (`OUT_DIR/gpu_kernels.ptx`, read by `src/ptx.rs`).
+//! embeds the PTX (`OUT_DIR/gpu_kernels.ptx`, read by `src/ptx.rs`). With the
+//! `demo` feature, also the example kernel crate `bf16-kernels`
+//! (`OUT_DIR/bf16_kernels.ptx`), which the demonstration's "fewer bytes"
+//! part launches as a user would.
 //! Knobs, rebuild triggers and the shared nested target directory: see the
 //! kernel-builder docs (`KERNEL_ARCH`, `KERNEL_PTX_ISA`, `HOST_PTX_STUB`).
 
@@ -8,6 +11,12 @@ fn main() {
         .arch("sm_70")
         .export_arch("KERNEL_ARCH")
         .build_or_exit();
+    if std::env::var_os("CARGO_FEATURE_DEMO").is_some() {
+        kernel_builder::Builder::new("../examples/bf16-kernels")
+            .arch("sm_70")
+            .expect_entries(["widen_bf16", "narrow_f32", "scale_bf16_f32", "scale_bf16"])
+            .build_or_exit();
+    }
     // The commit of the sources this build read, for results files.
     println!("cargo:rustc-env=HOST_GIT_COMMIT={}", built.git_commit());
     // Tests' CUDA halves run by default where the build machine has a GPU.

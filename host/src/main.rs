@@ -81,6 +81,14 @@ enum Cmd {
         )]
         sizes: Vec<usize>,
     },
+    /// Fewer bytes over the link: f32, bf16-in/f32-out, bf16 both ways and
+    /// SAXPY pipelines, each against its own copy bound.
+    FewerBytes {
+        #[arg(long, value_delimiter = ',', default_value = "10000000,100000000")]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+    },
     /// Many tasks sharing one pool and a few streams, every result verified,
     /// RSS and pool statistics sampled.
     Load {
@@ -166,6 +174,14 @@ fn run(cli: Cli) -> host::Result<()> {
         Cmd::Sweep { sizes } => {
             let pipe = host::Pipeline::new(&device, 4)?;
             rt.block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
+        }
+        Cmd::FewerBytes { sizes, reps } => {
+            let pipe = host::Pipeline::new(&device, 8)?;
+            let small = device.kind() == host::BackendKind::Cpu;
+            rt.block_on(demo::bytes::run(
+                &device, &pool, &pipe, &sizes, reps, small, &out,
+            ))
+            .map(|_| ())
         }
         Cmd::Load {
             tasks,

@@ -247,31 +247,46 @@ pub async fn bidirectional_ms(
     reps: usize,
     progress: &ProgressBar,
 ) -> Result<Vec<(usize, f64)>> {
+    bidirectional_bytes_ms(device, pool, 4 * n, 4 * n, reps, progress).await
+}
+
+/// [`bidirectional_ms`] for any byte counts: `in_bytes` copied in on one
+/// stream while `out_bytes` go out on another (the bound of a pipeline whose
+/// elements cross the link in different sizes each way).
+pub async fn bidirectional_bytes_ms(
+    device: &Device,
+    pool: &PinnedPool,
+    in_bytes: usize,
+    out_bytes: usize,
+    reps: usize,
+    progress: &ProgressBar,
+) -> Result<Vec<(usize, f64)>> {
     let (s1, s2) = (Stream::new(device)?, Stream::new(device)?);
-    let (mut hin, mut hout) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
-    random_floats(hin.as_mut_slice(), 7);
+    let (mut hin, mut hout) = (pool.alloc::<u8>(in_bytes)?, pool.alloc::<u8>(out_bytes)?);
+    fastrand::Rng::with_seed(7).fill(hin.as_mut_slice());
     let (mut d1, mut d2) = (
-        DeviceBuffer::<f32>::new(device, n)?,
-        DeviceBuffer::<f32>::new(device, n)?,
+        DeviceBuffer::<u8>::new(device, in_bytes)?,
+        DeviceBuffer::<u8>::new(device, out_bytes)?,
     );
     let mut by_pieces = Vec::new();
     for pieces in [1usize, 4, 8, 16, 32] {
-        let plan = Plan::uniform(pieces.min(n), 1);
+        let pin = Plan::uniform(pieces.min(in_bytes), 1);
+        let pout = Plan::uniform(pieces.min(out_bytes), 1);
         let mut times = Vec::new();
         for _ in 0..=reps {
             let t = Instant::now();
             let up = s1.run((hin, d1), |c, (h, d)| {
                 let d = d.view_mut();
-                for i in 0..plan.chunks {
-                    let r = plan.chunk(i, n);
+                for i in 0..pin.chunks {
+                    let r = pin.chunk(i, in_bytes);
                     c.copy_h2d(h.host().range(r.clone())?, d.range(r)?)?;
                 }
                 Ok(())
             });
             let down = s2.run((d2, hout), |c, (d, h)| {
                 let mut h = h.host_mut();
-                for i in 0..plan.chunks {
-                    let r = plan.chunk(i, n);
+                for i in 0..pout.chunks {
+                    let r = pout.chunk(i, out_bytes);
                     let (head, rest) = h.split_at(r.len())?;
                     c.copy_d2h(d.view().range(r)?, head)?;
                     h = rest;
@@ -285,7 +300,7 @@ pub async fn bidirectional_ms(
             progress.inc(1);
         }
         times.remove(0);
-        by_pieces.push((plan.chunks, median(times)));
+        by_pieces.push((pieces, median(times)));
     }
     Ok(by_pieces)
 }

@@ -32,8 +32,9 @@ struct Results {
     reps: usize,
 }
 
-/// Runs `f` on chunks of `out` in parallel (the CPU reference for 10^8 floats).
-fn par_ref(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+/// Runs `f(offset, chunk)` on chunks of `out` in parallel, one per CPU
+/// thread (CPU references and conversions of 10^8 elements).
+pub fn par_chunks<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = out.len().div_ceil(threads).max(1);
     std::thread::scope(|s| {
@@ -82,7 +83,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         pb.set_message(format!("{} against the CPU", kernel.label()));
         let got = on_device(device, &stream, &x, kernel)?;
         let mut want = vec![0f32; n];
-        par_ref(&mut want, |off, c| {
+        par_chunks(&mut want, |off, c| {
             for (i, w) in c.iter_mut().enumerate() {
                 *w = kernel.reference(x[off + i]);
             }
@@ -119,7 +120,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         },
     ))?;
     let mut want = vec![0f32; n];
-    par_ref(&mut want, |off, c| {
+    par_chunks(&mut want, |off, c| {
         for (i, w) in c.iter_mut().enumerate() {
             *w = gpu_kernels::elementwise::saxpy(a, x[off + i], y[off + i]);
         }

@@ -1,6 +1,7 @@
 //! The demonstration's parts; each is a subcommand, and `demo` runs them all.
 
 pub mod bandwidth;
+pub mod bytes;
 pub mod compare;
 pub mod fmt;
 pub mod kernels;
@@ -27,6 +28,8 @@ pub struct Scale {
     pub compare: Vec<(usize, Kernel)>,
     pub sweep: Vec<usize>,
     pub timeline_n: usize,
+    /// Sizes of the fewer-bytes part.
+    pub bytes_sizes: Vec<usize>,
     pub reps: usize,
 }
 
@@ -47,6 +50,7 @@ impl Scale {
                 ],
                 sweep: vec![10_000, 100_000, 1_000_000, 3_000_000],
                 timeline_n: 1_000_000,
+                bytes_sizes: vec![100_000, 1_000_000],
                 reps: 5,
             }
         } else {
@@ -74,6 +78,7 @@ impl Scale {
                     1_000_000_000,
                 ],
                 timeline_n: 100_000_000,
+                bytes_sizes: vec![10_000_000, 100_000_000],
                 // As many as the peers (bench/peers) time per configuration.
                 reps: 20,
             }
@@ -331,6 +336,17 @@ pub fn full(
         .map_or(host::Plan::auto(scale.timeline_n), |c| c.plan);
     println!("\n== timeline");
     rt.block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
+    println!("\n== fewer bytes: bf16 on the wire (a user's kernel crate), SAXPY with two inputs");
+    let small_sizes = small || device.kind() == BackendKind::Cpu;
+    rt.block_on(bytes::run(
+        device,
+        &pool,
+        &pipe,
+        &scale.bytes_sizes,
+        scale.reps,
+        small_sizes,
+        out,
+    ))?;
     let s = pool.stats();
     let w = fmt::Words::of(device);
     println!(
