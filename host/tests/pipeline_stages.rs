@@ -4,7 +4,7 @@
 
 use futures::executor::block_on;
 use host::testing::{random_floats, serial};
-use host::{Error, PinnedPool, Pipeline, Plan};
+use host::{Error, PinnedHost, PinnedPool, Pipeline, Plan};
 
 fn plans(n: usize) -> Vec<Plan> {
     vec![
@@ -123,4 +123,73 @@ fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_b
         .unwrap_err();
     assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
     assert!(err.bundle.is_some());
+}
+
+/// One element type through every generic path: a pool block, a plain
+/// pinned buffer, a device buffer (H2D, D2D, D2H in one batch) and a
+/// pipeline stage whose output is its input copied on the device; every
+/// bit compared with the random input.
+fn every_path_keeps_every_bit<T>(
+    device: &host::Device,
+    pipe: &Pipeline,
+    n: usize,
+    make: impl Fn(u64) -> T,
+) where
+    T: bytemuck::Pod + Send,
+{
+    let pool = PinnedPool::new(device);
+    let mut rng = fastrand::Rng::with_seed(n as u64);
+    let data: Vec<T> = (0..n).map(|_| make(rng.u64(..))).collect();
+    let mut input = pool.alloc::<T>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let back = host::PinnedBuffer::<T>::new(device, n).unwrap();
+    let (d1, d2) = (
+        host::DeviceBuffer::<T>::new(device, n).unwrap(),
+        host::DeviceBuffer::<T>::new(device, n).unwrap(),
+    );
+    let stream = host::Stream::new(device).unwrap();
+    let ((input, _, _, back), ()) =
+        block_on(stream.run((input, d1, d2, back), |c, (i, d1, d2, b)| {
+            let (d1, d2) = (d1.view_mut(), d2.view_mut());
+            c.copy_h2d(i.host(), d1)?;
+            c.copy_d2d(d1, d2)?;
+            c.copy_d2h(d2, b.host_mut())
+        }))
+        .unwrap();
+    let bits = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
+    // Bits, not values: NaN patterns included.
+    assert!(
+        bits(back.as_slice()) == bits(&data),
+        "{}",
+        std::any::type_name::<T>()
+    );
+    let out = pool.alloc::<T>(n).unwrap();
+    let (((input,), (out,)), _) =
+        block_on(
+            pipe.run_stage((input,), (out,), Plan::engines(5, 3), false, |c, chunk| {
+                c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?)
+            }),
+        )
+        .unwrap();
+    assert!(
+        bits(out.as_slice()) == bits(&data),
+        "{}",
+        std::any::type_name::<T>()
+    );
+    assert!(bits(input.as_slice()) == bits(&data));
+}
+
+host::backend_tests!(f32_f64_i32_u32_u8_bf16_and_f16_travel_every_path_bit_for_bit);
+fn f32_f64_i32_u32_u8_bf16_and_f16_travel_every_path_bit_for_bit(device: host::Device) {
+    let _serial = serial();
+    let pipe = Pipeline::new(&device, 3).unwrap();
+    // Odd lengths: the last chunk and the tails are partial.
+    let n = 70_001;
+    every_path_keeps_every_bit(&device, &pipe, n, |r| f32::from_bits(r as u32));
+    every_path_keeps_every_bit(&device, &pipe, n, f64::from_bits);
+    every_path_keeps_every_bit(&device, &pipe, n, |r| r as i32);
+    every_path_keeps_every_bit(&device, &pipe, n, |r| r as u32);
+    every_path_keeps_every_bit(&device, &pipe, n, |r| r as u8);
+    every_path_keeps_every_bit(&device, &pipe, n, |r| half::bf16::from_bits(r as u16));
+    every_path_keeps_every_bit(&device, &pipe, n, |r| half::f16::from_bits(r as u16));
 }
