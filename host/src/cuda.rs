@@ -9,8 +9,9 @@
 //! reaches every awaiting future instead of a hang (a `cuLaunchHostFunc`
 //! callback is never called once the context has failed, so it could not).
 //! [`WaitMode`] picks how the watcher waits: spinning (lowest latency, one
-//! busy core while work is pending) or blocking-sync events (the thread
-//! sleeps until the GPU interrupts). The wake-latency benchmark measures both.
+//! busy core while work is pending), blocking-sync events (the thread
+//! sleeps until the GPU interrupts) or polling with short sleeps. The
+//! wake-latency benchmark measures all three.
 //!
 //! Watchers never free memory: a deferred release (a dropped job's buffers)
 //! runs on the watcher, but `cuMemFree`/`cuMemFreeHost` may wait for the
@@ -43,8 +44,41 @@ pub enum WaitMode {
     #[default]
     Spin,
     /// Events carry `CU_EVENT_BLOCKING_SYNC`: the watcher sleeps until the
-    /// GPU signals; no busy core, a few microseconds more latency.
+    /// GPU interrupts; no busy core, but the interrupt path is slow (on the
+    /// H200: wake median about 65 us, p99 about 300 us).
     Blocking,
+    /// The watcher asks the driver whether the event is done
+    /// (`cuEventQuery`) and sleeps [`POLL_INTERVAL`] between asks, with its
+    /// thread's timer slack lowered to 1 us so the sleeps are that short: no
+    /// busy core (a few percent of one while work is pending; the latency
+    /// part measures it), wake latency about the interval.
+    Poll,
+}
+
+/// How long a [`WaitMode::Poll`] watcher sleeps between two queries.
+pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// Lowers the calling thread's timer slack to 1 us (Linux's default, 50 us,
+/// would stretch every short sleep by that much).
+fn tight_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only
+    // the calling thread; it cannot fail in a way that matters here (the
+    // sleeps would only be longer).
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+    }
+}
+
+/// Waits for `ev` by polling it every [`POLL_INTERVAL`].
+fn poll_event(shared: &Shared, ev: sys::CUevent) -> Result<()> {
+    loop {
+        // SAFETY: the event is alive (the caller holds it) and was recorded.
+        let r = unsafe { sys::cuEventQuery(ev) };
+        if r != CUresult::CUDA_ERROR_NOT_READY {
+            return shared.check("cuEventQuery", r);
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -610,9 +644,14 @@ type WatchRx = mpsc::Receiver<(Arc<EventHandle>, Completion)>;
 fn watch(shared: Arc<Shared>, rx: WatchRx) {
     crate::completion::mark_completion_thread();
     let bound = shared.bind();
+    let poll = shared.wait_mode == WaitMode::Poll;
+    if poll {
+        tight_timer_slack();
+    }
     while let Ok((event, completion)) = rx.recv() {
         let result = match (bound.clone(), shared.usable()) {
             (Err(e), _) | (_, Err(e)) => Err(e),
+            _ if poll => poll_event(&shared, event.ev),
             // SAFETY: the event is alive (we hold it) and was recorded on our stream.
             _ => shared.check("cuEventSynchronize", unsafe {
                 sys::cuEventSynchronize(event.ev)

@@ -19,7 +19,7 @@ struct Cli {
     /// Directory for results (JSON, CSV, plots).
     #[arg(long, global = true, default_value = "out")]
     out_dir: PathBuf,
-    /// How CUDA completion is awaited: spin or blocking.
+    /// How CUDA completion is awaited: spin, blocking or poll.
     #[arg(long, global = true, default_value = "spin")]
     wait: String,
     #[command(subcommand)]
@@ -138,9 +138,10 @@ fn run(cli: Cli) -> host::Result<()> {
     opts.wait_mode = match cli.wait.as_str() {
         "spin" => host::WaitMode::Spin,
         "blocking" => host::WaitMode::Blocking,
+        "poll" => host::WaitMode::Poll,
         other => {
             return Err(host::Error::InvalidArgument(format!(
-                "--wait {other}: use spin or blocking"
+                "--wait {other}: use spin, blocking or poll"
             )))
         }
     };

@@ -92,6 +92,10 @@ pub struct ModeResult {
     pub cpu_us_per_synced_op: f64,
     pub wall_us_per_synced_op: f64,
     pub cpu_rounds: usize,
+    /// Process CPU time over wall time while a task awaits work that takes
+    /// [`IDLE_WAIT`] (a gate held closed): how much of a core the watcher
+    /// takes while waiting (1.0 = one busy core).
+    pub waiting_core_share: f64,
     pub executors: Vec<ExecutorResult>,
 }
 
@@ -173,7 +177,7 @@ fn spin(d: Duration) {
 /// Rounds of wake samples and of CPU blocks, per wait mode.
 const WAKE_ROUNDS: usize = 10;
 const CPU_ROUNDS: usize = 20;
-const MODES: [WaitMode; 2] = [WaitMode::Spin, WaitMode::Blocking];
+const MODES: [WaitMode; 3] = [WaitMode::Spin, WaitMode::Blocking, WaitMode::Poll];
 
 /// Progress steps of [`run`]: one a round.
 pub const STEPS: u64 = (MODES.len() * (WAKE_ROUNDS + CPU_ROUNDS)) as u64;
@@ -372,6 +376,27 @@ fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> host::Result<Bundl
     Ok(b)
 }
 
+/// How long the idle-wait measurement holds the gate.
+const IDLE_WAIT: Duration = Duration::from_millis(300);
+
+/// Process CPU time over wall time while a job held by a closed gate is
+/// awaited (the thread awaiting it parks): the watcher's share of a core.
+fn waiting_core_share(stream: &Stream, gate: &Arc<MappedFlag>) -> host::Result<f64> {
+    gate.set(0);
+    let job = stream.run(gate.clone(), |c, g| c.gate(g));
+    let (_, cpu, wall) = measured(|| {
+        let g = gate.clone();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(IDLE_WAIT);
+            g.set(1);
+        });
+        let r = futures::executor::block_on(job);
+        let _ = opener.join();
+        r.map_err(host::Error::from)
+    })?;
+    Ok(cpu.as_secs_f64() / wall.as_secs_f64())
+}
+
 fn run_mode(
     device: &Device,
     mode: WaitMode,
@@ -402,6 +427,9 @@ fn run_mode(
         }
         progress.inc(1);
     }
+
+    progress.set_message(format!("CPU while waiting, {mode_name} watcher"));
+    let waiting_core_share = waiting_core_share(&stream, &gate)?;
 
     // CPU cost per operation: a 4-byte copy, awaited vs synchronized, with
     // the same two buffers, so they differ only in the wait. Each round runs
@@ -482,6 +510,7 @@ fn run_mode(
         cpu_us_per_synced_op: m(&synced.cpu),
         wall_us_per_synced_op: m(&synced.wall),
         cpu_rounds,
+        waiting_core_share,
         executors,
     })
 }
@@ -525,6 +554,20 @@ pub fn print(res: &Results) {
                 e.ratio_vs_sync
             );
         }
+    }
+    println!(
+        "\nCPU while waiting: process CPU time over wall time while a task awaits {} ms of GPU work",
+        IDLE_WAIT.as_millis()
+    );
+    for m in &res.modes {
+        println!(
+            "{:>9}: {:.1}% of a core",
+            format!("{:?}", m.wait_mode),
+            100.0 * m.waiting_core_share
+        );
+    }
+    if w.cpu {
+        println!("(CPU emulation: the gate kernel itself polls on a worker thread, so this measures the gate, not a watcher.)");
     }
     println!("\nCPU per operation: process CPU time per 4-byte copy, awaited or waited for on the calling");
     println!("thread; overhead = awaited minus waited-for, per round (median, and p10..p90 over rounds);");
