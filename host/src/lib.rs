@@ -72,5 +72,5 @@ pub use memory::{
 pub use pipeline::{
     Arrays, Chunk, ChunkEvents, Layout, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
 };
-pub use pool::{PinnedPool, PoolStats, PooledBuffer, MIN_BLOCK};
+pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use stream::{Commands, Event, Job, Mark, Stream};

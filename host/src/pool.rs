@@ -16,7 +16,11 @@
 //!   driver, so mixed sizes converge on a stable set of blocks.
 //! - No driver call under a lock: the free lists are locked only to push or
 //!   pop a block; allocation and freeing by the driver happen outside.
-//! - Statistics, a cap on cached bytes, and `empty_cache`.
+//! - Statistics, a cap on cached bytes, and `empty_cache`. By default the
+//!   cache holds at most as many bytes as were ever in use at once, and at
+//!   least [`DEFAULT_CACHE_FLOOR`]: a program's pinned memory stays within
+//!   twice its peak need, and a steady workload never misses. A block
+//!   returned beyond the cap is freed at once.
 
 use crate::backend::{HostAlloc, HostFlags};
 use crate::completion::lock;
@@ -29,12 +33,16 @@ use crate::memory::{
 use bytemuck::Pod;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Smallest block handed out.
 pub const MIN_BLOCK: usize = 4096;
+
+/// The default cap on cached bytes never falls below this (64 MiB): the
+/// cap is the larger of this and the peak bytes in use so far.
+pub const DEFAULT_CACHE_FLOOR: usize = 64 << 20;
 
 /// The block size serving a request of `bytes`: at least [`MIN_BLOCK`], then
 /// rounded up to a multiple of 1/8 of the power of two below it (waste < 12.5%).
@@ -66,6 +74,9 @@ pub struct PoolStats {
     pub driver_allocs: u64,
     /// Driver frees made.
     pub driver_frees: u64,
+    /// The cap on cached bytes in force now (the default one follows the
+    /// peak in use; `u64::MAX`: none).
+    pub max_cached_bytes: u64,
     /// Nanoseconds spent in driver allocation.
     pub driver_alloc_ns: u64,
     /// Nanoseconds spent in driver free.
@@ -96,8 +107,24 @@ struct Inner {
     device: Device,
     flags: HostFlags,
     free: Mutex<BTreeMap<usize, Vec<Block>>>,
+    /// A cap set by [`PinnedPool::set_max_cached_bytes`]; unused while
+    /// `default_cap` holds.
     max_cached: AtomicUsize,
+    /// The default cap: the larger of [`DEFAULT_CACHE_FLOOR`] and the peak in use.
+    default_cap: AtomicBool,
     c: Counters,
+}
+
+impl Inner {
+    /// The cap on cached bytes in force now.
+    fn cap(&self) -> usize {
+        if self.default_cap.load(Ordering::Relaxed) {
+            let peak = self.c.peak.load(Ordering::Relaxed);
+            DEFAULT_CACHE_FLOOR.max(usize::try_from(peak).unwrap_or(usize::MAX))
+        } else {
+            self.max_cached.load(Ordering::Relaxed)
+        }
+    }
 }
 
 /// A caching allocator of pinned host memory; cheap to clone, safe from many threads.
@@ -115,7 +142,8 @@ impl std::fmt::Debug for PinnedPool {
 }
 
 impl PinnedPool {
-    /// A pool of portable pinned memory with no cap on cached bytes.
+    /// A pool of portable pinned memory, with the default cap on cached
+    /// bytes (the larger of [`DEFAULT_CACHE_FLOOR`] and the peak in use).
     pub fn new(device: &Device) -> Self {
         Self::with_flags(device, HostFlags::DEFAULT)
     }
@@ -128,14 +156,18 @@ impl PinnedPool {
                 flags,
                 free: Mutex::new(BTreeMap::new()),
                 max_cached: AtomicUsize::new(usize::MAX),
+                default_cap: AtomicBool::new(true),
                 c: Counters::default(),
             }),
         }
     }
 
-    /// Caps the bytes kept in free blocks; blocks beyond it are freed on return.
+    /// Caps the bytes kept in free blocks at `bytes` (`usize::MAX`: no
+    /// cap), replacing the default cap; cached blocks beyond it are freed
+    /// now, and blocks returned beyond it are freed on return.
     pub fn set_max_cached_bytes(&self, bytes: usize) {
         self.inner.max_cached.store(bytes, Ordering::Relaxed);
+        self.inner.default_cap.store(false, Ordering::Relaxed);
         self.trim(bytes);
     }
 
@@ -204,6 +236,7 @@ impl PinnedPool {
             driver_frees: l(&c.frees),
             driver_alloc_ns: l(&c.alloc_ns),
             driver_free_ns: l(&c.free_ns),
+            max_cached_bytes: u64::try_from(self.inner.cap()).unwrap_or(u64::MAX),
         }
     }
 
@@ -260,7 +293,7 @@ impl Inner {
         let class = b.alloc.bytes;
         self.c.in_use.fetch_sub(class as u64, Ordering::Relaxed);
         self.c.blocks.fetch_sub(1, Ordering::Relaxed);
-        let cap = self.max_cached.load(Ordering::Relaxed);
+        let cap = self.cap();
         let cached = self.c.cached.load(Ordering::Relaxed) as usize;
         if cached.saturating_add(class) > cap {
             self.free_block(b);
@@ -319,6 +352,13 @@ impl<T: Pod> PooledBuffer<T> {
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether the block is page-locked: always on CUDA; false only on the
+    /// CPU emulation when locking was refused and the device's
+    /// [`LockPolicy`](crate::LockPolicy) allowed unlocked memory.
+    pub fn is_locked(&self) -> bool {
+        self.block.as_ref().is_some_and(|b| b.alloc.locked)
     }
 
     /// Bytes of the block serving the buffer (its size class).
