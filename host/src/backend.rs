@@ -75,6 +75,9 @@ pub struct DeviceInfo {
     pub total_memory: u64,
     /// Device ordinal.
     pub ordinal: usize,
+    /// Device memory is stream-ordered ([`crate::DeviceMemory`]); false on
+    /// the CPU emulation, whose frees never wait.
+    pub stream_ordered_memory: bool,
 }
 
 /// Timing and completion of a recorded point in a stream.
@@ -118,6 +121,14 @@ pub(crate) enum RawFunction {
 /// point of that stream completes). The safe layer guarantees this by owning
 /// the buffers until completion.
 pub(crate) trait Backend: Send + Sync {
+    /// Device frees deferred to another thread, not yet done (a test hook).
+    fn parked_frees(&self) -> usize {
+        0
+    }
+    /// Bytes allocated from the stream-ordered pool and not yet freed.
+    fn ordered_bytes_in_use(&self) -> Option<u64> {
+        None
+    }
     fn info(&self) -> &DeviceInfo;
     /// The first unrecoverable error, if the context is broken.
     fn broken(&self) -> Option<crate::Error>;

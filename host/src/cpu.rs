@@ -77,6 +77,7 @@ impl CpuBackend {
                 compute_units: workers as u32,
                 total_memory: pages * page,
                 ordinal: 0,
+                stream_ordered_memory: false,
             },
             policy,
             device_allocs: Mutex::new(HashMap::new()),

@@ -21,6 +21,10 @@
 //! a kernel running on another stream). Such frees and unregistrations are
 //! parked and done by the next allocation, free, (un)registration, new
 //! stream or synchronize on another thread, or when the device goes.
+//! Device memory is the exception where the driver has memory pools
+//! ([`DeviceMemory::StreamOrdered`], the default): it comes from a pool of
+//! the backend's own and is freed with `cuMemFreeAsync` on an internal
+//! stream, which waits for nothing, so a watcher frees it at once.
 
 use crate::backend::{
     Backend, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawFunction, RawModule, RawStream, Timer,
@@ -53,6 +57,24 @@ pub enum WaitMode {
     /// busy core (a few percent of one while work is pending; the latency
     /// part measures it), wake latency about the interval.
     Poll,
+}
+
+/// How device memory is allocated and freed on CUDA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceMemory {
+    /// Stream-ordered (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`, a
+    /// memory pool of the device handle's own) where the driver supports
+    /// memory pools, else [`DeviceMemory::Plain`]: a free never waits for
+    /// the device, and a cancelled job's buffers are freed the moment its
+    /// work is done. Freed memory stays in the pool for reuse until the
+    /// device handle goes.
+    #[default]
+    StreamOrdered,
+    /// `cuMemAlloc` / `cuMemFree`, which wait while any kernel of the device
+    /// runs; frees asked for on a completion thread are deferred to the next
+    /// allocation, free or synchronize on another thread.
+    Plain,
 }
 
 /// How long a [`WaitMode::Poll`] watcher sleeps between two queries.
@@ -127,6 +149,99 @@ pub(crate) struct Shared {
     parked: Mutex<Vec<ParkedFree>>,
     /// `parked` is non-empty (lets every allocation skip the lock).
     has_parked: AtomicBool,
+    /// Stream-ordered device memory, where the driver has memory pools.
+    ordered: Option<OrderedMem>,
+}
+
+/// Stream-ordered device memory (`cuMemAllocFromPoolAsync` /
+/// `cuMemFreeAsync`) from a memory pool of our own, through an internal
+/// stream that carries nothing else. A free is enqueued there: it waits for
+/// nothing (the memory's users have finished: the caller's guarantee), so a
+/// watcher releasing a cancelled job's buffers frees at once instead of
+/// parking a `cuMemFree`, which would wait for the whole device. The pool
+/// keeps freed memory for reuse (release threshold: all of it) until the
+/// device handle goes, like the pinned pool.
+struct OrderedMem {
+    stream: StreamHandle,
+    pool: PoolHandle,
+}
+
+struct PoolHandle(sys::CUmemoryPool);
+// SAFETY: CUmemoryPool is an opaque driver handle usable from any thread.
+unsafe impl Send for PoolHandle {}
+// SAFETY: as above.
+unsafe impl Sync for PoolHandle {}
+
+impl OrderedMem {
+    /// A pool on `device` (`ordinal`) and its stream; the context is current.
+    fn new(device: sys::CUdevice, ordinal: usize) -> std::result::Result<OrderedMem, CUresult> {
+        // SAFETY: a plain C struct; all-zero is its documented default
+        // (no handle types, no size limit) before the fields set below.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ordinal as i32;
+        let _ = device;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; props is initialised.
+        let r = unsafe { sys::cuMemPoolCreate(&mut pool, &props) };
+        if r != CUresult::CUDA_SUCCESS {
+            return Err(r);
+        }
+        let mut keep_all: u64 = u64::MAX;
+        // SAFETY: the attribute takes a u64, written from a local.
+        let r = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep_all as *mut u64).cast(),
+            )
+        };
+        let mut s = std::ptr::null_mut();
+        let r = if r == CUresult::CUDA_SUCCESS {
+            // SAFETY: out-pointer to a local.
+            unsafe {
+                sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            }
+        } else {
+            r
+        };
+        if r != CUresult::CUDA_SUCCESS {
+            // SAFETY: our pool, with nothing allocated from it.
+            unsafe { sys::cuMemPoolDestroy(pool) };
+            return Err(r);
+        }
+        Ok(OrderedMem {
+            stream: StreamHandle(s),
+            pool: PoolHandle(pool),
+        })
+    }
+
+    /// Bytes allocated from the pool and not yet freed.
+    fn used_bytes(&self) -> Option<u64> {
+        let mut used: u64 = 0;
+        // SAFETY: the attribute is a u64, written to a local; the pool is alive.
+        let r = unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.pool.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                (&mut used as *mut u64).cast(),
+            )
+        };
+        (r == CUresult::CUDA_SUCCESS).then_some(used)
+    }
+}
+
+impl Drop for OrderedMem {
+    fn drop(&mut self) {
+        // SAFETY: our stream and pool; every buffer from the pool holds the
+        // backend (and so this), so none is outstanding; a pool with frees
+        // still pending is released by the driver once they complete.
+        unsafe {
+            sys::cuStreamDestroy_v2(self.stream.0);
+            sys::cuMemPoolDestroy(self.pool.0);
+        }
+    }
 }
 
 /// Memory the GPU is done with, to be freed or unregistered off the watchers.
@@ -344,7 +459,7 @@ pub(crate) struct CudaBackend {
 
 impl CudaBackend {
     /// Opens device `ordinal` and loads the kernels' PTX.
-    pub fn new(ordinal: usize, wait_mode: WaitMode) -> Result<Self> {
+    pub fn new(ordinal: usize, wait_mode: WaitMode, memory: DeviceMemory) -> Result<Self> {
         if !driver_present() {
             return Err(Error::BackendUnavailable(
                 "the CUDA driver library (libcuda) is not installed".into(),
@@ -379,6 +494,19 @@ impl CudaBackend {
             .result()
             .map_err(drv("cuDriverGetVersion"))?;
 
+        let pools = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            .unwrap_or(0)
+            == 1;
+        let ordered = match memory {
+            DeviceMemory::StreamOrdered if pools => Some(
+                OrderedMem::new(ctx.cu_device(), ordinal).map_err(|r| Error::Driver {
+                    call: "cuMemPoolCreate",
+                    code: code_name(r),
+                })?,
+            ),
+            _ => None,
+        };
         let info = DeviceInfo {
             backend: crate::BackendKind::Cuda,
             name,
@@ -386,6 +514,7 @@ impl CudaBackend {
             compute_units: sm_count,
             total_memory,
             ordinal,
+            stream_ordered_memory: ordered.is_some(),
         };
         Ok(CudaBackend {
             shared: Arc::new(Shared {
@@ -395,6 +524,7 @@ impl CudaBackend {
                 free_events: Default::default(),
                 parked: Mutex::new(Vec::new()),
                 has_parked: AtomicBool::new(false),
+                ordered,
             }),
             info,
         })
@@ -404,6 +534,20 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    fn parked_frees(&self) -> usize {
+        lock(&self.shared.parked)
+            .iter()
+            .filter(|f| matches!(f, ParkedFree::Device(_)))
+            .count()
+    }
+
+    fn ordered_bytes_in_use(&self) -> Option<u64> {
+        self.shared
+            .ordered
+            .as_ref()
+            .and_then(OrderedMem::used_bytes)
     }
 
     fn broken(&self) -> Option<Error> {
@@ -504,6 +648,21 @@ impl Backend for CudaBackend {
         }
         self.shared.bind()?;
         let mut d = 0;
+        if let Some(o) = &self.shared.ordered {
+            // SAFETY: out-pointer to a local; our pool and stream are alive.
+            let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut d, bytes, o.pool.0, o.stream.0) };
+            self.shared.check("cuMemAllocFromPoolAsync", r)?;
+            // The allocation is ordered on the internal stream only: wait for
+            // it (and the frees before it) so any stream may use the memory.
+            // SAFETY: our stream, alive.
+            let r = unsafe { sys::cuStreamSynchronize(o.stream.0) };
+            if let Err(e) = self.shared.check("cuStreamSynchronize", r) {
+                // SAFETY: just allocated, never used.
+                unsafe { sys::cuMemFreeAsync(d, o.stream.0) };
+                return Err(e);
+            }
+            return Ok(d);
+        }
         // SAFETY: out-pointer to a local; the context is current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut d, bytes) };
         self.shared.check("cuMemAlloc", r)?;
@@ -511,7 +670,20 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_device(&self, ptr: u64) -> Result<()> {
-        if ptr == 0 || self.shared.park_on_watcher(ParkedFree::Device(ptr)) {
+        if ptr == 0 {
+            return Ok(());
+        }
+        if let Some(o) = &self.shared.ordered {
+            // Enqueued on the internal stream, where nothing else runs: it
+            // waits for nothing, on a watcher too (no parking).
+            self.shared.bind()?;
+            // SAFETY: allocated from our pool by alloc_device; its users have
+            // finished (the caller's guarantee), so freeing it in the
+            // internal stream's order is freeing it now.
+            let r = unsafe { sys::cuMemFreeAsync(ptr, o.stream.0) };
+            return self.shared.check("cuMemFreeAsync", r);
+        }
+        if self.shared.park_on_watcher(ParkedFree::Device(ptr)) {
             return Ok(());
         }
         self.shared.free_parked();

@@ -3,7 +3,7 @@
 
 use crate::backend::{Backend, BackendKind, DeviceInfo, RawStream};
 use crate::cpu::{CpuBackend, LockPolicy};
-use crate::cuda::{CudaBackend, WaitMode};
+use crate::cuda::{CudaBackend, DeviceMemory, WaitMode};
 use crate::error::{Error, Result};
 use crate::kernel::Builtins;
 use std::sync::{Arc, Mutex, Weak};
@@ -46,6 +46,8 @@ pub struct DeviceOptions {
     pub ordinal: usize,
     /// How CUDA completion is waited for.
     pub wait_mode: WaitMode,
+    /// How CUDA device memory is allocated and freed.
+    pub device_memory: DeviceMemory,
     /// What the CPU backend does when locking memory is refused.
     pub lock_policy: LockPolicy,
 }
@@ -98,21 +100,23 @@ impl Device {
     fn open_backend(opts: DeviceOptions) -> Result<Device> {
         match opts.backend {
             BackendChoice::Cuda => {
-                let b = CudaBackend::new(opts.ordinal, opts.wait_mode)?;
+                let b = CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory)?;
                 Ok(Self::wrap(Arc::new(b), "forced".into()))
             }
             BackendChoice::Cpu => Ok(Self::wrap(
                 Arc::new(CpuBackend::new(opts.lock_policy)),
                 "forced".into(),
             )),
-            BackendChoice::Auto => match CudaBackend::new(opts.ordinal, opts.wait_mode) {
-                Ok(b) => Ok(Self::wrap(Arc::new(b), "auto: CUDA device found".into())),
-                Err(e @ Error::NoSuchDevice { count, .. }) if count > 0 => Err(e),
-                Err(e) => Ok(Self::wrap(
-                    Arc::new(CpuBackend::new(opts.lock_policy)),
-                    format!("auto: no usable GPU ({e})").into(),
-                )),
-            },
+            BackendChoice::Auto => {
+                match CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory) {
+                    Ok(b) => Ok(Self::wrap(Arc::new(b), "auto: CUDA device found".into())),
+                    Err(e @ Error::NoSuchDevice { count, .. }) if count > 0 => Err(e),
+                    Err(e) => Ok(Self::wrap(
+                        Arc::new(CpuBackend::new(opts.lock_policy)),
+                        format!("auto: no usable GPU ({e})").into(),
+                    )),
+                }
+            }
         }
     }
 

@@ -56,7 +56,7 @@ pub mod testing;
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
-pub use cuda::{driver_present, WaitMode, POLL_INTERVAL};
+pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
 pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV};
 pub use error::{Error, JobError, Result};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};

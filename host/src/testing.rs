@@ -2,10 +2,21 @@
 //! bit-exact verification. Not part of the API (behind the `hooks` feature,
 //! hidden from the docs): the crate's own tests and demonstration use it.
 
-use crate::cuda::{CudaBackend, WaitMode};
+use crate::cuda::{CudaBackend, DeviceMemory, WaitMode};
 use crate::device::Device;
 use crate::kernel::Kernel;
 use std::sync::Arc;
+
+/// Device frees deferred to another thread and not yet done.
+pub fn parked_device_frees(device: &Device) -> usize {
+    device.backend.parked_frees()
+}
+
+/// Bytes allocated from the device's stream-ordered pool and not yet
+/// freed (`None` without one).
+pub fn ordered_bytes_in_use(device: &Device) -> Option<u64> {
+    device.backend.ordered_bytes_in_use()
+}
 
 /// Whether `REQUIRE_GPU=1` is set: GPU tests must then run, not skip.
 pub fn gpu_required() -> bool {
@@ -15,7 +26,7 @@ pub fn gpu_required() -> bool {
 /// The CUDA device, or `None` with a printed notice (a panic when
 /// `REQUIRE_GPU=1`).
 pub fn cuda(test: &str) -> Option<Device> {
-    match CudaBackend::new(0, WaitMode::default()) {
+    match CudaBackend::new(0, WaitMode::default(), DeviceMemory::default()) {
         Ok(b) => Some(Device::wrap(Arc::new(b), "test".into())),
         Err(e) => {
             assert!(
