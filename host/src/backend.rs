@@ -58,6 +58,9 @@ pub(crate) struct HostAlloc {
     pub bytes: usize,
     /// False when the CPU backend fell back to unlocked memory.
     pub locked: bool,
+    /// Placed on a NUMA node: an anonymous mapping (bound to the node, then
+    /// locked or registered), not the driver's own allocation.
+    pub placed: bool,
 }
 
 /// Device-info shown in banners and results.
@@ -132,10 +135,23 @@ pub(crate) trait Backend: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     /// The first unrecoverable error, if the context is broken.
     fn broken(&self) -> Option<crate::Error>;
+    /// For a backend to recognise another of its kind (peer copies).
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// The device's PCI address (`0000:17:00.0`), where it has one.
+    fn pci_bus_id(&self) -> Option<String>;
+    /// Whether copies between this device and `peer` go directly (enabling
+    /// that where the topology allows): GPUs with peer access, or two
+    /// emulated devices (both host memory). `false`: copies are staged
+    /// through host memory by the driver.
+    ///
+    /// # Errors
+    /// A driver error other than "not supported".
+    fn enable_peer_access(&self, peer: &dyn Backend) -> Result<bool>;
 
     /// Pinned host memory of `bytes > 0` bytes (the safe layer handles empty
-    /// buffers itself, here and in the three calls below).
-    fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc>;
+    /// buffers itself, here and in the three calls below), on NUMA `node`
+    /// when one is given (its pages bound there before first touch).
+    fn alloc_host(&self, bytes: usize, flags: HostFlags, node: Option<u32>) -> Result<HostAlloc>;
     /// # Safety
     /// `alloc` came from `alloc_host` of this backend and is no longer used.
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()>;
@@ -206,6 +222,20 @@ pub(crate) trait RawStream: Send + Sync {
     /// # Safety
     /// Both device ranges valid for `bytes` until completion.
     unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// A copy from device memory of `src_dev` to device memory of `dst_dev`
+    /// (one of them this stream's device).
+    ///
+    /// # Safety
+    /// Both device ranges valid for `bytes` until completion, each of the
+    /// device given with it; both backends of this stream's kind.
+    unsafe fn copy_peer(
+        &self,
+        dst: u64,
+        dst_dev: &dyn Backend,
+        src: u64,
+        src_dev: &dyn Backend,
+        bytes: usize,
+    ) -> Result<()>;
     /// # Safety
     /// The launch's device ranges are valid for their lengths until
     /// completion, and its function belongs to this backend.

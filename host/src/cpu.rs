@@ -60,7 +60,13 @@ pub(crate) struct CpuBackend {
 const DEVICE_ALIGN: usize = 256;
 
 impl CpuBackend {
+    /// One emulated device (ordinal 0).
     pub fn new(policy: LockPolicy) -> Self {
+        Self::with_ordinal(policy, 0)
+    }
+
+    /// The emulated device `ordinal` (of several, for multi-device code).
+    pub fn with_ordinal(policy: LockPolicy, ordinal: usize) -> Self {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         // SAFETY: sysconf has no preconditions.
         let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
@@ -72,11 +78,15 @@ impl CpuBackend {
             }),
             info: DeviceInfo {
                 backend: BackendKind::Cpu,
-                name: format!("CPU emulation ({workers} threads)"),
+                name: if ordinal == 0 {
+                    format!("CPU emulation ({workers} threads)")
+                } else {
+                    format!("CPU emulation, device {ordinal} ({workers} threads)")
+                },
                 driver: None,
                 compute_units: workers as u32,
                 total_memory: pages * page,
-                ordinal: 0,
+                ordinal,
                 stream_ordered_memory: false,
             },
             policy,
@@ -152,8 +162,37 @@ impl Backend for CpuBackend {
         self.shared.broken.get().cloned()
     }
 
-    fn alloc_host(&self, bytes: usize, _flags: HostFlags) -> Result<HostAlloc> {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn pci_bus_id(&self) -> Option<String> {
+        None
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Backend) -> Result<bool> {
+        // Emulated devices share the host's memory: copies are direct.
+        Ok(peer.as_any().is::<CpuBackend>())
+    }
+
+    fn alloc_host(&self, bytes: usize, _flags: HostFlags, node: Option<u32>) -> Result<HostAlloc> {
         self.shared.usable()?;
+        if let Some(node) = node {
+            let ptr = crate::numa::map_on_node(bytes, node)?;
+            return match self.lock_range(ptr, bytes) {
+                Ok(locked) => Ok(HostAlloc {
+                    ptr,
+                    bytes,
+                    locked,
+                    placed: true,
+                }),
+                Err(e) => {
+                    // SAFETY: the mapping just made.
+                    unsafe { libc::munmap(ptr.cast(), bytes) };
+                    Err(e)
+                }
+            };
+        }
         // SAFETY: anonymous private mapping; no address hint.
         let ptr = unsafe {
             libc::mmap(
@@ -173,7 +212,12 @@ impl Backend for CpuBackend {
         }
         let ptr = ptr.cast::<u8>();
         match self.lock_range(ptr, bytes) {
-            Ok(locked) => Ok(HostAlloc { ptr, bytes, locked }),
+            Ok(locked) => Ok(HostAlloc {
+                ptr,
+                bytes,
+                locked,
+                placed: false,
+            }),
             Err(e) => {
                 // SAFETY: the mapping we just made.
                 unsafe { libc::munmap(ptr.cast(), bytes) };
@@ -384,6 +428,19 @@ impl RawStream for CpuStream {
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
             Ok(())
         })
+    }
+
+    unsafe fn copy_peer(
+        &self,
+        dst: u64,
+        _dst_dev: &dyn Backend,
+        src: u64,
+        _src_dev: &dyn Backend,
+        bytes: usize,
+    ) -> Result<()> {
+        // Emulated device memory of every device is host memory.
+        // SAFETY: the caller's contract, as for copy_d2d.
+        unsafe { self.copy_d2d(dst, src, bytes) }
     }
 
     unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()> {

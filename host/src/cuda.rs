@@ -109,6 +109,25 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// How many CUDA devices the driver reports (0 without a driver).
+///
+/// # Errors
+/// The driver's error from `cuInit` or `cuDeviceGetCount`.
+pub(crate) fn device_count() -> Result<usize> {
+    if !driver_present() {
+        return Ok(0);
+    }
+    let drv = |call: &'static str| {
+        move |e: cudarc::driver::DriverError| Error::Driver {
+            call,
+            code: code_name(e.0),
+        }
+    };
+    cudarc::driver::result::init().map_err(drv("cuInit"))?;
+    let n = cudarc::driver::result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// Errors after which the context cannot be used again.
 fn is_sticky(code: CUresult) -> bool {
     use CUresult::*;
@@ -536,6 +555,54 @@ impl Backend for CudaBackend {
         &self.info
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn pci_bus_id(&self) -> Option<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: writes at most `len` bytes, NUL-terminated, into the buffer.
+        let r = unsafe {
+            sys::cuDeviceGetPCIBusId(
+                buf.as_mut_ptr(),
+                buf.len() as i32,
+                self.shared.ctx.cu_device(),
+            )
+        };
+        if r != CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        // SAFETY: NUL-terminated by the driver within the buffer.
+        let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Some(id.to_string_lossy().to_ascii_lowercase())
+    }
+
+    fn enable_peer_access(&self, peer: &dyn Backend) -> Result<bool> {
+        let Some(peer) = peer.as_any().downcast_ref::<CudaBackend>() else {
+            return Ok(false);
+        };
+        let (me, them) = (self.shared.ctx.cu_device(), peer.shared.ctx.cu_device());
+        if me == them {
+            return Ok(true);
+        }
+        let mut can = 0;
+        // SAFETY: writes one int; both are valid device handles.
+        let r = unsafe { sys::cuDeviceCanAccessPeer(&mut can, me, them) };
+        self.shared.check("cuDeviceCanAccessPeer", r)?;
+        if can == 0 {
+            return Ok(false);
+        }
+        self.shared.bind()?;
+        // SAFETY: the peer's context is alive (we hold its backend); the
+        // current context is ours.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.shared.ctx.cu_ctx(), 0) };
+        if r == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(true);
+        }
+        self.shared.check("cuCtxEnablePeerAccess", r)?;
+        Ok(true)
+    }
+
     fn parked_frees(&self) -> usize {
         lock(&self.shared.parked)
             .iter()
@@ -554,10 +621,34 @@ impl Backend for CudaBackend {
         self.shared.broken.get().cloned()
     }
 
-    fn alloc_host(&self, bytes: usize, flags: HostFlags) -> Result<HostAlloc> {
+    fn alloc_host(&self, bytes: usize, flags: HostFlags, node: Option<u32>) -> Result<HostAlloc> {
         self.shared.usable()?;
         self.shared.free_parked();
         self.shared.bind()?;
+        if let Some(node) = node {
+            // Pages allocated on `node` first, then pinned in place.
+            let ptr = crate::numa::map_on_node(bytes, node)?;
+            let mut f = 0;
+            if flags.portable {
+                f |= sys::CU_MEMHOSTREGISTER_PORTABLE;
+            }
+            if flags.device_mapped {
+                f |= sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+            }
+            // SAFETY: our fresh mapping, which stays put until free_host.
+            let r = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), bytes, f) };
+            if let Err(e) = self.shared.check("cuMemHostRegister", r) {
+                // SAFETY: the mapping just made, never registered.
+                unsafe { libc::munmap(ptr.cast(), bytes) };
+                return Err(e);
+            }
+            return Ok(HostAlloc {
+                ptr,
+                bytes,
+                locked: true,
+                placed: true,
+            });
+        }
         let mut f = 0;
         if flags.portable {
             f |= sys::CU_MEMHOSTALLOC_PORTABLE;
@@ -582,10 +673,22 @@ impl Backend for CudaBackend {
             ptr: ptr.cast(),
             bytes,
             locked: true,
+            placed: false,
         })
     }
 
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
+        if alloc.placed {
+            let (ptr, bytes) = (alloc.ptr as usize, alloc.bytes);
+            let unmap = Box::new(move || {
+                // SAFETY: our mapping (alloc_host made it), unregistered by
+                // now and used by nobody.
+                unsafe { libc::munmap(ptr as *mut c_void, bytes) };
+            });
+            // SAFETY: registered by alloc_host and unused (caller); the
+            // release unmaps our mapping once it is unregistered.
+            return unsafe { self.unregister_host_then(alloc.ptr, alloc.bytes, unmap) };
+        }
         if self.shared.park_on_watcher(ParkedFree::Host(alloc.ptr)) {
             return Ok(());
         }
@@ -947,6 +1050,35 @@ impl RawStream for CudaStream {
         // SAFETY: ranges valid until completion (caller); the stream is ours.
         let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream.0) };
         self.shared.check("cuMemcpyDtoDAsync", r)
+    }
+
+    unsafe fn copy_peer(
+        &self,
+        dst: u64,
+        dst_dev: &dyn Backend,
+        src: u64,
+        src_dev: &dyn Backend,
+        bytes: usize,
+    ) -> Result<()> {
+        let ctx = |b: &dyn Backend| {
+            b.as_any()
+                .downcast_ref::<CudaBackend>()
+                .map(|c| c.shared.ctx.cu_ctx())
+                .ok_or_else(|| {
+                    Error::InvalidArgument("a peer copy to or from another backend".into())
+                })
+        };
+        let (dst_ctx, src_ctx) = (ctx(dst_dev)?, ctx(src_dev)?);
+        self.shared.usable()?;
+        self.shared.bind()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: ranges valid until completion, each in its context's
+        // memory (caller); both contexts alive (the caller holds their
+        // backends); the stream is ours.
+        let r = unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, bytes, self.stream.0) };
+        self.shared.check("cuMemcpyPeerAsync", r)
     }
 
     unsafe fn launch(&self, mut launch: RawLaunch<'_>) -> Result<()> {

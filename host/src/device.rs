@@ -50,7 +50,28 @@ pub struct DeviceOptions {
     pub device_memory: DeviceMemory,
     /// What the CPU backend does when locking memory is refused.
     pub lock_policy: LockPolicy,
+    /// How many devices the CPU emulation offers [`Device::all`] (0 counts
+    /// as 1; [`DeviceOptions::from_env`] reads [`CPU_DEVICES_ENV`]), so
+    /// multi-device code runs, and is tested, without GPUs.
+    pub emulated_devices: usize,
 }
+
+/// The backend of every open device, by [`Device::id`]: commands that meet
+/// memory of another device (peer copies) find its context here. Weak, so
+/// a device closes as usual; a view of its memory keeps it open (its buffer
+/// holds the device).
+static OPEN: Mutex<Vec<(usize, Weak<dyn Backend>)>> = Mutex::new(Vec::new());
+
+/// The backend of the open device `id`.
+pub(crate) fn backend_by_id(id: usize) -> Option<Arc<dyn Backend>> {
+    crate::completion::lock(&OPEN)
+        .iter()
+        .find(|(i, w)| *i == id && w.strong_count() > 0)
+        .and_then(|(_, w)| w.upgrade())
+}
+
+/// The environment variable giving the CPU emulation's device count.
+pub const CPU_DEVICES_ENV: &str = "HOST_CPU_DEVICES";
 
 impl DeviceOptions {
     /// Default options, with the backend taken from `HOST_BACKEND` if set.
@@ -59,8 +80,15 @@ impl DeviceOptions {
             Ok(v) => v.parse()?,
             Err(_) => BackendChoice::Auto,
         };
+        let emulated_devices = match std::env::var(CPU_DEVICES_ENV) {
+            Ok(v) => v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("{CPU_DEVICES_ENV}={v:?}: expected a count"))
+            })?,
+            Err(_) => 1,
+        };
         Ok(DeviceOptions {
             backend,
+            emulated_devices,
             ..Default::default()
         })
     }
@@ -103,21 +131,101 @@ impl Device {
                 let b = CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory)?;
                 Ok(Self::wrap(Arc::new(b), "forced".into()))
             }
-            BackendChoice::Cpu => Ok(Self::wrap(
-                Arc::new(CpuBackend::new(opts.lock_policy)),
-                "forced".into(),
-            )),
+            BackendChoice::Cpu => Self::open_cpu(opts, "forced".into()),
             BackendChoice::Auto => {
                 match CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory) {
                     Ok(b) => Ok(Self::wrap(Arc::new(b), "auto: CUDA device found".into())),
                     Err(e @ Error::NoSuchDevice { count, .. }) if count > 0 => Err(e),
-                    Err(e) => Ok(Self::wrap(
-                        Arc::new(CpuBackend::new(opts.lock_policy)),
-                        format!("auto: no usable GPU ({e})").into(),
-                    )),
+                    Err(e) => Self::open_cpu(opts, format!("auto: no usable GPU ({e})").into()),
                 }
             }
         }
+    }
+
+    /// The emulated device `opts.ordinal` of `opts.emulated_devices`.
+    fn open_cpu(opts: DeviceOptions, note: Arc<str>) -> Result<Device> {
+        let count = opts.emulated_devices.max(1);
+        if opts.ordinal >= count {
+            return Err(Error::NoSuchDevice {
+                index: opts.ordinal,
+                count,
+            });
+        }
+        Ok(Self::wrap(
+            Arc::new(CpuBackend::with_ordinal(opts.lock_policy, opts.ordinal)),
+            note,
+        ))
+    }
+
+    /// Every device of the backend `opts` chooses (its `ordinal` aside),
+    /// in ordinal order, with direct peer copies enabled between each pair
+    /// where the topology allows ([`Device::enable_peer_access`]). On the
+    /// CPU emulation, `opts.emulated_devices` devices.
+    ///
+    /// # Errors
+    /// As [`Device::open`], for any of them.
+    pub fn all(opts: DeviceOptions) -> Result<Vec<Device>> {
+        let first = Device::open(DeviceOptions { ordinal: 0, ..opts })?;
+        let count = match first.kind() {
+            BackendKind::Cuda => crate::cuda::device_count()?,
+            BackendKind::Cpu => opts.emulated_devices.max(1),
+        };
+        let choice = match first.kind() {
+            BackendKind::Cuda => BackendChoice::Cuda,
+            BackendKind::Cpu => BackendChoice::Cpu,
+        };
+        let mut all = vec![first];
+        for ordinal in 1..count {
+            all.push(Device::open(DeviceOptions {
+                backend: choice,
+                ordinal,
+                ..opts
+            })?);
+        }
+        for a in &all {
+            for b in &all {
+                if a.id() != b.id() {
+                    a.enable_peer_access(b)?;
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// The device's ordinal among those of its backend.
+    pub fn ordinal(&self) -> usize {
+        self.info().ordinal
+    }
+
+    /// Whether copies between this device and `peer`
+    /// ([`Commands::copy_peer`](crate::Commands::copy_peer)) go directly
+    /// (peer access, over NVLink or PCIe), enabling it where the topology
+    /// allows; `false` when the driver must stage them through host memory
+    /// (they still work). Two emulated devices: `true`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for devices of different backends; a driver error.
+    pub fn enable_peer_access(&self, peer: &Device) -> Result<bool> {
+        if self.kind() != peer.kind() {
+            return Err(Error::InvalidArgument(
+                "peer access between devices of different backends".into(),
+            ));
+        }
+        self.backend.enable_peer_access(&*peer.backend)
+    }
+
+    /// The device's PCI address (`0000:17:00.0`), for a GPU.
+    pub fn pci_bus_id(&self) -> Option<String> {
+        self.backend.pci_bus_id()
+    }
+
+    /// The host's NUMA node closest to the device, as the platform reports
+    /// it (sysfs, the same source as `nvidia-smi topo -m`): `None` for the
+    /// CPU emulation, or when the platform does not say (`-1`, as in most
+    /// VMs). [`PinnedPool::near`](crate::PinnedPool::near) places memory there.
+    pub fn numa_node(&self) -> Option<u32> {
+        let id = self.pci_bus_id()?;
+        crate::numa::node_of_pci_in(std::path::Path::new(crate::numa::SYSFS), &id)
     }
 
     /// Opens the device chosen by `HOST_BACKEND` (default: auto).
@@ -134,6 +242,14 @@ impl Device {
     }
 
     pub(crate) fn wrap(backend: Arc<dyn Backend>, note: Arc<str>) -> Device {
+        {
+            let mut open = crate::completion::lock(&OPEN);
+            open.retain(|(_, w)| w.strong_count() > 0);
+            open.push((
+                Arc::as_ptr(&backend) as *const () as usize,
+                Arc::downgrade(&backend),
+            ));
+        }
         Device {
             backend,
             note,
@@ -241,5 +357,15 @@ impl Device {
     /// Identity used to reject mixing buffers of different devices.
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.backend) as *const () as usize
+    }
+
+    /// Identity of the host memory this device's pinned buffers are: one
+    /// per backend kind, since every device of a backend can copy from any
+    /// of them (portable pinned memory on CUDA; plain memory on the CPU).
+    pub(crate) fn host_domain(&self) -> usize {
+        match self.kind() {
+            BackendKind::Cuda => 1,
+            BackendKind::Cpu => 2,
+        }
     }
 }

@@ -57,7 +57,7 @@ pub use backend::{BackendKind, DeviceInfo, HostFlags};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
-pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV};
+pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
 pub use error::{Error, JobError, Result};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
@@ -69,6 +69,8 @@ pub use memory::{
     DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
     Registered, MAX_HOST_ALIGN,
 };
+pub use multi::{MultiJob, MultiPipeline};
+pub use numa::online_nodes;
 pub use pipeline::{
     Arrays, Chunk, ChunkEvents, Layout, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
 };

@@ -73,9 +73,10 @@ impl<T: Pod> PinnedBuffer<T> {
                 ptr: std::ptr::null_mut(),
                 bytes: 0,
                 locked: true,
+                placed: false,
             }
         } else {
-            let alloc = device.backend.alloc_host(bytes, flags)?;
+            let alloc = device.backend.alloc_host(bytes, flags, None)?;
             // SAFETY: a fresh allocation of `bytes` writable bytes.
             unsafe { std::ptr::write_bytes(alloc.ptr, 0, bytes) };
             alloc
@@ -466,6 +467,8 @@ impl MappedFlag {
 pub struct HostSlice<'a, T> {
     pub(crate) ptr: *const T,
     pub(crate) len: usize,
+    /// The host-memory domain ([`Device::host_domain`]): any device of the
+    /// backend that pinned it may copy from it.
     pub(crate) device_id: usize,
     _p: PhantomData<&'a [T]>,
 }
@@ -475,6 +478,7 @@ pub struct HostSlice<'a, T> {
 pub struct HostSliceMut<'a, T> {
     pub(crate) ptr: *mut T,
     pub(crate) len: usize,
+    /// As [`HostSlice`]'s.
     pub(crate) device_id: usize,
     _p: PhantomData<&'a mut [T]>,
 }
@@ -710,19 +714,23 @@ pub(crate) fn host_slice_mut<'a, T>(
 
 impl<T: Pod> PinnedHost<T> for PinnedBuffer<T> {
     fn host(&self) -> HostSlice<'_, T> {
-        host_slice(self.raw_ptr(), self.len, self.device.id())
+        host_slice(self.raw_ptr(), self.len, self.device.host_domain())
     }
     fn host_mut(&mut self) -> HostSliceMut<'_, T> {
-        host_slice_mut(self.raw_ptr(), self.len, self.device.id())
+        host_slice_mut(self.raw_ptr(), self.len, self.device.host_domain())
     }
 }
 
 impl<T: Pod> PinnedHost<T> for Registered<T> {
     fn host(&self) -> HostSlice<'_, T> {
-        host_slice(self.as_slice().as_ptr(), self.len(), self.device.id())
+        host_slice(
+            self.as_slice().as_ptr(),
+            self.len(),
+            self.device.host_domain(),
+        )
     }
     fn host_mut(&mut self) -> HostSliceMut<'_, T> {
-        let id = self.device.id();
+        let id = self.device.host_domain();
         let s = self.as_mut_slice();
         host_slice_mut(s.as_mut_ptr(), s.len(), id)
     }

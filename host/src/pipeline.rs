@@ -693,6 +693,57 @@ impl Pipeline {
         )
     }
 
+    /// [`Pipeline::run`] over the elements `range` of two host arrays
+    /// given by address: the multi-device pipeline's part for this device.
+    /// The job owns `bundle` until the work is done.
+    ///
+    /// # Safety
+    /// `src.0` and `dst.0` point to `src.1` / `dst.1` floats of pinned host
+    /// memory (host domain `src.2` / `dst.2`) that `bundle` keeps alive and
+    /// in place for as long as it lives, and nothing reads or writes
+    /// `dst.0[range]`, or writes `src.0[range]`, until the job is done.
+    pub(crate) unsafe fn run_range<B: Send + 'static>(
+        &self,
+        bundle: B,
+        src: (*const f32, usize, usize),
+        dst: (*mut f32, usize, usize),
+        range: Range<usize>,
+        kernel: Kernel,
+        plan: Plan,
+    ) -> Job<B, RunInfo> {
+        if range.end > src.1 || range.end > dst.1 || range.start > range.end {
+            return Job::failed(
+                Error::InvalidArgument(format!(
+                    "part {range:?} of arrays of {} and {} elements",
+                    src.1, dst.1
+                )),
+                Some(bundle),
+            );
+        }
+        let part = |ptr: *mut u8, domain| Erased {
+            // SAFETY: range.start <= len (checked above): inside or one past
+            // the end of the array.
+            ptr: unsafe { ptr.add(range.start * 4) },
+            len: range.len(),
+            size: 4,
+            type_id: TypeId::of::<f32>(),
+            type_name: "f32",
+            device_id: domain,
+        };
+        let ins = vec![part(src.0 as *mut u8, src.2)];
+        let outs = vec![part(dst.0.cast(), dst.2)];
+        let stage = stage_fn(move |c, chunk| c.kernel(kernel, chunk.output::<f32>(0)?));
+        self.run_erased(
+            bundle,
+            (ins, vec![0]),
+            (outs, vec![0]),
+            &[4],
+            plan,
+            false,
+            &stage,
+        )
+    }
+
     /// Pushes the `inputs` through H2D → `stage` → D2H into the `outputs`,
     /// cut by `plan`: the general form of [`Pipeline::run`]. Inputs and
     /// outputs are tuples of one to four pinned arrays of equal length,
@@ -771,9 +822,9 @@ impl Pipeline {
             .chain(&outs)
             .try_for_each(|a| {
                 crate::memory::check_len("pipeline (every array vs the first input)", n, a.len)?;
-                if a.device_id != self.device.id() {
+                if a.device_id != self.device.host_domain() {
                     return Err(Error::InvalidArgument(
-                        "a buffer of another device (or backend) was given to this pipeline".into(),
+                        "host memory of another backend was given to this pipeline".into(),
                     ));
                 }
                 Ok(())

@@ -106,6 +106,8 @@ unsafe impl Send for Block {}
 struct Inner {
     device: Device,
     flags: HostFlags,
+    /// The NUMA node blocks are placed on (`None`: where the driver puts them).
+    node: Option<u32>,
     free: Mutex<BTreeMap<usize, Vec<Block>>>,
     /// A cap set by [`PinnedPool::set_max_cached_bytes`]; unused while
     /// `default_cap` holds.
@@ -150,10 +152,41 @@ impl PinnedPool {
 
     /// A pool whose blocks are allocated with `flags`.
     pub fn with_flags(device: &Device, flags: HostFlags) -> Self {
+        Self::build(device, flags, None)
+    }
+
+    /// A pool whose blocks sit on NUMA node `node` of the host: each block's
+    /// pages are bound to the node before they are first touched, then
+    /// pinned in place (`cuMemHostRegister` on CUDA). An allocation fails
+    /// with `InvalidArgument` naming the node when the host has no such
+    /// node online. The override of [`PinnedPool::near`].
+    pub fn on_node(device: &Device, node: u32) -> Self {
+        Self::build(device, HostFlags::DEFAULT, Some(node))
+    }
+
+    /// A pool whose blocks sit on the NUMA node closest to `device`
+    /// ([`Device::numa_node`]), so its copies do not cross the link between
+    /// sockets; the same as [`PinnedPool::new`] when the host has one node
+    /// or the node is unknown (the platform says `-1`, as VMs do).
+    pub fn near(device: &Device) -> Self {
+        let node = device
+            .numa_node()
+            .filter(|_| crate::numa::online_nodes().len() > 1);
+        Self::build(device, HostFlags::DEFAULT, node)
+    }
+
+    /// The NUMA node this pool places its blocks on (`None`: the driver's
+    /// placement, usually the node of the thread that allocates).
+    pub fn node(&self) -> Option<u32> {
+        self.inner.node
+    }
+
+    fn build(device: &Device, flags: HostFlags, node: Option<u32>) -> Self {
         PinnedPool {
             inner: Arc::new(Inner {
                 device: device.clone(),
                 flags,
+                node,
                 free: Mutex::new(BTreeMap::new()),
                 max_cached: AtomicUsize::new(usize::MAX),
                 default_cap: AtomicBool::new(true),
@@ -195,11 +228,11 @@ impl PinnedPool {
             None => {
                 c.misses.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
-                let alloc = self
-                    .inner
-                    .device
-                    .backend
-                    .alloc_host(class, self.inner.flags)?;
+                let alloc = self.inner.device.backend.alloc_host(
+                    class,
+                    self.inner.flags,
+                    self.inner.node,
+                )?;
                 c.alloc_ns
                     .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 c.allocs.fetch_add(1, Ordering::Relaxed);
@@ -361,6 +394,21 @@ impl<T: Pod> PooledBuffer<T> {
         self.block.as_ref().is_some_and(|b| b.alloc.locked)
     }
 
+    /// The NUMA node holding the buffer's pages, asked of the kernel
+    /// (`get_mempolicy`), not assumed: `None` when they are spread over
+    /// several nodes or the buffer is empty.
+    ///
+    /// # Errors
+    /// The system error (`ENOSYS` on a kernel without NUMA support).
+    pub fn numa_node(&self) -> Result<Option<u32>> {
+        match &self.block {
+            // SAFETY: the block's mapping is ours and its pages are touched
+            // (zeroed at allocation).
+            Some(b) => unsafe { crate::numa::node_of_range(b.alloc.ptr, b.alloc.bytes) },
+            None => Ok(None),
+        }
+    }
+
     /// Bytes of the block serving the buffer (its size class).
     pub fn block_bytes(&self) -> usize {
         self.block.as_ref().map_or(0, |b| b.alloc.bytes)
@@ -396,10 +444,10 @@ impl<T: Pod> Drop for PooledBuffer<T> {
 
 impl<T: Pod> PinnedHost<T> for PooledBuffer<T> {
     fn host(&self) -> HostSlice<'_, T> {
-        host_slice(self.ptr(), self.len, self.pool.device.id())
+        host_slice(self.ptr(), self.len, self.pool.device.host_domain())
     }
     fn host_mut(&mut self) -> HostSliceMut<'_, T> {
-        host_slice_mut(self.ptr(), self.len, self.pool.device.id())
+        host_slice_mut(self.ptr(), self.len, self.pool.device.host_domain())
     }
 }
 

@@ -489,6 +489,16 @@ impl<'a> Commands<'a> {
         Ok(())
     }
 
+    /// Host memory any device of this backend may copy from or to.
+    fn same_host_domain(&self, domain: usize) -> Result<()> {
+        if domain != self.device.host_domain() {
+            return Err(Error::InvalidArgument(
+                "host memory of another backend was given to this stream".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Async host-to-device copy (`cuMemcpyHtoDAsync`); lengths must match.
     ///
     /// # Errors
@@ -498,7 +508,7 @@ impl<'a> Commands<'a> {
         src: HostSlice<'a, T>,
         dst: DeviceSliceMut<'a, T>,
     ) -> Result<()> {
-        self.same_device(src.device_id)?;
+        self.same_host_domain(src.device_id)?;
         self.same_device(dst.device_id)?;
         check_len(
             "copy_h2d (device destination vs host source)",
@@ -525,7 +535,7 @@ impl<'a> Commands<'a> {
     ) -> Result<()> {
         let src = src.into();
         self.same_device(src.device_id)?;
-        self.same_device(dst.device_id)?;
+        self.same_host_domain(dst.device_id)?;
         check_len(
             "copy_d2h (host destination vs device source)",
             src.len,
@@ -534,6 +544,58 @@ impl<'a> Commands<'a> {
         let bytes = std::mem::size_of::<T>() * src.len;
         // SAFETY: as for copy_h2d, with dst exclusively borrowed.
         unsafe { self.raw.copy_d2h(dst.ptr.cast(), src.addr, bytes)? };
+        self.enqueued += 1;
+        Ok(())
+    }
+
+    /// Async copy between the memory of two devices of one backend
+    /// (`cuMemcpyPeerAsync`: direct over NVLink or PCIe where peer access is
+    /// enabled, [`Device::enable_peer_access`](crate::Device::enable_peer_access),
+    /// else staged by the driver); enqueued on this stream, whose device must
+    /// be the source's or the destination's. Both views come from this
+    /// batch's bundle, as for every command, so neither buffer can be used
+    /// elsewhere meanwhile. Between views of one device, the same as
+    /// [`Commands::copy_d2d`].
+    ///
+    /// # Errors
+    /// `LengthMismatch`; `InvalidArgument` when neither view is of this
+    /// stream's device or the two are of different backends; as
+    /// [`Commands::copy_d2d`] for views of one device.
+    pub fn copy_peer<T: Pod>(
+        &mut self,
+        src: impl Into<DeviceSlice<'a, T>>,
+        dst: DeviceSliceMut<'a, T>,
+    ) -> Result<()> {
+        let src = src.into();
+        if src.device_id == dst.device_id {
+            return self.copy_d2d(src, dst);
+        }
+        let mine = self.device.id();
+        if src.device_id != mine && dst.device_id != mine {
+            return Err(Error::InvalidArgument(
+                "a peer copy runs on a stream of its source's or its destination's device".into(),
+            ));
+        }
+        check_len("copy_peer (destination vs source)", src.len, dst.len)?;
+        let gone =
+            || Error::InvalidArgument("a peer copy's memory belongs to no open device".into());
+        let src_dev = crate::device::backend_by_id(src.device_id).ok_or_else(gone)?;
+        let dst_dev = crate::device::backend_by_id(dst.device_id).ok_or_else(gone)?;
+        if src_dev.info().backend != dst_dev.info().backend {
+            return Err(Error::InvalidArgument(
+                "a peer copy between devices of different backends".into(),
+            ));
+        }
+        let bytes = std::mem::size_of::<T>() * src.len;
+        // SAFETY: both ranges are device memory of the devices whose
+        // backends were just found (their views carry those ids), borrowed
+        // from this batch's bundle for 'a, which the job owns until a point
+        // recorded after this copy completes; two devices' memory can't
+        // overlap.
+        unsafe {
+            self.raw
+                .copy_peer(dst.addr, &*dst_dev, src.addr, &*src_dev, bytes)?
+        };
         self.enqueued += 1;
         Ok(())
     }

@@ -280,14 +280,15 @@ fn bad_lengths_and_ranges_get_typed_errors(device: host::Device) {
 }
 
 #[test]
-fn buffers_of_another_backend_are_rejected() {
+fn device_buffers_of_another_device_are_rejected_and_pinned_memory_is_shared() {
     let _serial = serial();
     let cpu_a = host::Device::cpu();
     let cpu_b = host::Device::cpu();
     let stream = Stream::new(&cpu_a).unwrap();
-    let foreign = PinnedBuffer::<f32>::new(&cpu_b, 4).unwrap();
-    let d = DeviceBuffer::<f32>::new(&cpu_a, 4).unwrap();
-    let r = block_on(stream.run((foreign, d), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut())));
+    // Device memory of b on a's stream: refused, everything handed back.
+    let h = PinnedBuffer::<f32>::from_slice(&cpu_a, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let foreign = DeviceBuffer::<f32>::new(&cpu_b, 4).unwrap();
+    let r = block_on(stream.run((h, foreign), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut())));
     assert!(
         matches!(&r, Err(e) if matches!(e.error, host::Error::InvalidArgument(_))),
         "{r:?}"
@@ -296,6 +297,18 @@ fn buffers_of_another_backend_are_rejected() {
         r.is_err_and(|e| e.bundle.is_some()),
         "the buffers come back with the error"
     );
+    // Pinned memory of b with a's device memory: the same backend's host
+    // memory (portable pinned memory on CUDA), accepted both ways.
+    let src = PinnedBuffer::<f32>::from_slice(&cpu_b, &[5.0, 6.0, 7.0, 8.0]).unwrap();
+    let dst = PinnedBuffer::<f32>::new(&cpu_b, 4).unwrap();
+    let d = DeviceBuffer::<f32>::new(&cpu_a, 4).unwrap();
+    let ((_, _, dst), ()) = block_on(stream.run((src, d, dst), |c, (s, d, o)| {
+        let d = d.view_mut();
+        c.copy_h2d(s.host(), d)?;
+        c.copy_d2h(d, o.host_mut())
+    }))
+    .unwrap();
+    assert_eq!(dst.as_slice(), &[5.0, 6.0, 7.0, 8.0]);
 }
 
 host::backend_tests!(pool_reuses_blocks_and_returns_to_baseline);
