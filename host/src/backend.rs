@@ -125,10 +125,13 @@ pub(crate) enum RawFunction {
 /// the buffers until completion.
 pub(crate) trait Backend: Send + Sync {
     /// Device frees deferred to another thread, not yet done (a test hook).
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     fn parked_frees(&self) -> usize {
         0
     }
-    /// Bytes allocated from the stream-ordered pool and not yet freed.
+    /// Bytes allocated from the stream-ordered pool and not yet freed (a
+    /// test hook).
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     fn ordered_bytes_in_use(&self) -> Option<u64> {
         None
     }

@@ -236,7 +236,8 @@ impl OrderedMem {
         })
     }
 
-    /// Bytes allocated from the pool and not yet freed.
+    /// Bytes allocated from the pool and not yet freed (a test hook).
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     fn used_bytes(&self) -> Option<u64> {
         let mut used: u64 = 0;
         // SAFETY: the attribute is a u64, written to a local; the pool is alive.
@@ -1152,5 +1153,13 @@ impl RawStream for CudaStream {
                 "cannot wait for an event of another backend".into(),
             )),
         }
+    }
+}
+
+impl EventHandle {
+    /// The driver's handle, for [`crate::interop::raw_event`]: valid while
+    /// `self` is alive.
+    pub(crate) fn raw_handle(&self) -> sys::CUevent {
+        self.ev
     }
 }

@@ -1,0 +1,379 @@
+//! Raw access for language bindings (the `gpufeed` Python module): the
+//! pieces the safe API hides on purpose, each either a checked safe function
+//! or an `unsafe fn` with its contract spelled out.
+//!
+//! - Reinterpreting byte views as typed views ([`cast_host`], [`cast_host_mut`],
+//!   [`cast_device`], [`cast_device_mut`]): safe, checked (alignment, whole
+//!   elements), because every element type is `Pod`.
+//! - Pinning memory the crate does not own ([`RegisteredRaw`]): the caller
+//!   promises the range stays valid, unmoved and untouched while registered,
+//!   and hands over an `owner` value that keeps it so; the owner is dropped
+//!   only after the range is unregistered.
+//! - Foreign device memory as views ([`device_slice`], [`device_slice_mut`]):
+//!   the caller promises validity and exclusivity until the commands are done.
+//! - Raw handles: a device buffer's address ([`device_ptr`]), a CUDA event's
+//!   handle ([`raw_event`]), a foreign CUDA stream waiting on our stream
+//!   ([`foreign_stream_wait`]), and a driver stream of our own to hand to a
+//!   producer's `__dlpack__(stream=...)` ([`HandshakeStream`]).
+//!
+//! On the CPU emulation device addresses are host addresses, there are no
+//! driver handles: [`raw_event`] returns `None`, and the CUDA-only calls
+//! return [`Error::BackendUnavailable`].
+
+use crate::backend::{BackendKind, Timer};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory::{
+    device_slice_mut as raw_device_slice_mut, host_slice, host_slice_mut, DeviceBuffer,
+    DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedHost,
+};
+use crate::stream::{Event, Stream};
+use bytemuck::Pod;
+
+/// The device address of `buffer` (a host address on the CPU emulation).
+/// Reading it is harmless; using it is the caller's business (see
+/// [`device_slice_mut`] for the contract of commands on raw addresses).
+pub fn device_ptr<T: Pod>(buffer: &DeviceBuffer<T>) -> u64 {
+    buffer.raw_parts().0
+}
+
+/// The identity of a device (what the crate compares to refuse mixing the
+/// buffers of two devices).
+pub fn device_id(device: &Device) -> usize {
+    device.id()
+}
+
+fn cast_len<T>(addr: usize, bytes: usize) -> Result<usize> {
+    let size = std::mem::size_of::<T>();
+    if size == 0 {
+        return Err(Error::InvalidArgument("zero-sized element type".into()));
+    }
+    if !bytes.is_multiple_of(size) {
+        return Err(Error::InvalidArgument(format!(
+            "{bytes} bytes are not a whole number of {size}-byte elements"
+        )));
+    }
+    if bytes > 0 && !addr.is_multiple_of(std::mem::align_of::<T>()) {
+        return Err(Error::InvalidArgument(format!(
+            "address {addr:#x} is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(bytes / size)
+}
+
+/// A byte source view as a view of `T`.
+///
+/// # Errors
+/// `InvalidArgument` when the bytes are not a whole number of aligned `T`.
+pub fn cast_host<T: Pod>(s: HostSlice<'_, u8>) -> Result<HostSlice<'_, T>> {
+    let len = cast_len::<T>(s.ptr as usize, s.len)?;
+    Ok(host_slice(s.ptr.cast(), len, s.device_id))
+}
+
+/// A byte destination view as a view of `T`.
+///
+/// # Errors
+/// As [`cast_host`].
+pub fn cast_host_mut<T: Pod>(s: HostSliceMut<'_, u8>) -> Result<HostSliceMut<'_, T>> {
+    let len = cast_len::<T>(s.ptr as usize, s.len)?;
+    Ok(host_slice_mut(s.ptr.cast(), len, s.device_id))
+}
+
+/// A byte device view as a view of `T`.
+///
+/// # Errors
+/// As [`cast_host`].
+pub fn cast_device<T: Pod>(s: DeviceSlice<'_, u8>) -> Result<DeviceSlice<'_, T>> {
+    let len = cast_len::<T>(s.addr as usize, s.len)?;
+    // SAFETY: the same range as `s`, which is borrowed for the same lifetime
+    // under the same rules; only the element type changes (T: Pod).
+    Ok(unsafe { raw_device_slice_mut::<T>(s.addr, len, s.device_id) }.into())
+}
+
+/// A byte device write view as a write view of `T`.
+///
+/// # Errors
+/// As [`cast_host`].
+pub fn cast_device_mut<T: Pod>(s: DeviceSliceMut<'_, u8>) -> Result<DeviceSliceMut<'_, T>> {
+    let len = cast_len::<T>(s.addr as usize, s.len)?;
+    // SAFETY: as for `cast_device`, keeping the exclusive borrow of `s`.
+    Ok(unsafe { raw_device_slice_mut::<T>(s.addr, len, s.device_id) })
+}
+
+/// A read view of foreign device memory (a PyTorch or CuPy allocation).
+///
+/// # Safety
+/// `addr..addr + len * size_of::<T>()` is device memory of `device`'s
+/// context, that stays allocated and is written by nothing else until a
+/// point recorded on the stream after the commands given this view has
+/// completed.
+pub unsafe fn device_slice<'a, T>(device: &Device, addr: u64, len: usize) -> DeviceSlice<'a, T> {
+    // SAFETY: the caller's contract (a read view is the weaker promise).
+    unsafe { raw_device_slice_mut(addr, len, device.id()) }.into()
+}
+
+/// A write view of foreign device memory (a PyTorch or CuPy allocation).
+///
+/// # Safety
+/// As [`device_slice`], and nothing else reads or writes the range until
+/// then (the commands given this view have it to themselves).
+pub unsafe fn device_slice_mut<'a, T>(
+    device: &Device,
+    addr: u64,
+    len: usize,
+) -> DeviceSliceMut<'a, T> {
+    // SAFETY: the caller's contract.
+    unsafe { raw_device_slice_mut(addr, len, device.id()) }
+}
+
+/// Host memory the crate does not own, pinned in place (`cuMemHostRegister`;
+/// `mlock` on the CPU emulation) for as long as this guard lives. The
+/// `owner` given at registration (e.g. a Python buffer export that keeps a
+/// NumPy array's memory from being freed or resized) is dropped only after
+/// the range has been unregistered, so a job that holds the guard keeps the
+/// memory alive and registered until the GPU is done with it.
+pub struct RegisteredRaw {
+    ptr: *mut u8,
+    bytes: usize,
+    device: Device,
+    owner: Option<Box<dyn Send>>,
+}
+
+// SAFETY: the guard stands for exclusive use of the range (the contract of
+// `new`); the owner is Send.
+unsafe impl Send for RegisteredRaw {}
+// SAFETY: shared access only makes read views.
+unsafe impl Sync for RegisteredRaw {}
+
+impl std::fmt::Debug for RegisteredRaw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredRaw")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl RegisteredRaw {
+    /// Registers `ptr..ptr + bytes` with the driver.
+    ///
+    /// # Safety
+    /// The range is valid for reads and writes, and stays allocated and
+    /// unmoved while `owner` is alive; while the guard lives nothing but the
+    /// guard's views reads or writes it (the caller keeps every other access
+    /// out); it is not registered already.
+    ///
+    /// # Errors
+    /// The driver's refusal (`LockFailed`, a driver error such as
+    /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`); `owner` is dropped then.
+    pub unsafe fn new(
+        device: &Device,
+        ptr: *mut u8,
+        bytes: usize,
+        owner: Box<dyn Send>,
+    ) -> Result<RegisteredRaw> {
+        if let Some(e) = device.broken() {
+            return Err(e);
+        }
+        if bytes > 0 {
+            // SAFETY: the caller's contract: valid and unmoved until unregistered.
+            unsafe { device.backend.register_host(ptr, bytes)? };
+        }
+        Ok(RegisteredRaw {
+            ptr,
+            bytes,
+            device: device.clone(),
+            owner: Some(owner),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.bytes
+    }
+
+    /// The first byte (for a buffer-protocol export of the range; see the
+    /// contract of [`RegisteredRaw::new`]: other views are the caller's to keep
+    /// out while the guard is in use).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The device it is registered with.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Unregisters and gives the owner back.
+    pub fn into_owner(mut self) -> Box<dyn Send> {
+        if self.bytes > 0 {
+            // SAFETY: registered in `new`; `self` by value: no view is alive,
+            // and a job holding the guard hands it back only at completion.
+            if let Err(e) = unsafe { self.device.backend.unregister_host(self.ptr, self.bytes) } {
+                eprintln!("warning: unregistering host memory failed: {e}");
+            }
+            self.bytes = 0;
+        }
+        self.owner.take().unwrap_or_else(|| Box::new(()))
+    }
+}
+
+impl Drop for RegisteredRaw {
+    fn drop(&mut self) {
+        let owner = self.owner.take();
+        if self.bytes == 0 {
+            drop(owner);
+            return;
+        }
+        // SAFETY: registered in `new`; the guard is dropped by its owner or by
+        // a job's completion, when no transfer uses the range any more; the
+        // owner (which keeps the memory alive) goes only after unregistering.
+        let r = unsafe {
+            self.device.backend.unregister_host_then(
+                self.ptr,
+                self.bytes,
+                Box::new(move || drop(owner)),
+            )
+        };
+        if let Err(e) = r {
+            eprintln!("warning: unregistering host memory failed: {e}");
+        }
+    }
+}
+
+impl PinnedHost<u8> for RegisteredRaw {
+    fn host(&self) -> HostSlice<'_, u8> {
+        host_slice(self.ptr, self.bytes, self.device.host_domain())
+    }
+    fn host_mut(&mut self) -> HostSliceMut<'_, u8> {
+        host_slice_mut(self.ptr, self.bytes, self.device.host_domain())
+    }
+}
+
+/// The driver's handle (`CUevent`) of an event, or `None` on the CPU emulation.
+/// The handle lives as long as `event`; a wait enqueued on it stays valid after.
+pub fn raw_event(event: &Event) -> Option<u64> {
+    match &event.raw().timer {
+        Timer::Cuda(h) => Some(h.raw_handle() as u64),
+        Timer::Cpu(_) => None,
+    }
+}
+
+fn cuda_only(device: &Device, what: &str) -> Result<()> {
+    if device.kind() != BackendKind::Cuda {
+        return Err(Error::BackendUnavailable(format!(
+            "{what} needs the CUDA backend (this device is the {})",
+            device.kind()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes the foreign CUDA stream `foreign` (a PyTorch or CuPy stream
+/// handle) wait, on the GPU, for everything queued so far on `stream`:
+/// records an event on `stream` and enqueues `cuStreamWaitEvent` on
+/// `foreign`. The host does not wait.
+///
+/// # Safety
+/// `foreign` is a live stream handle of the context `stream` runs in (the
+/// device's primary context, the one PyTorch and CuPy use), or 0 / 1 / 2 for
+/// the legacy and per-thread default streams.
+///
+/// # Errors
+/// `BackendUnavailable` on the CPU emulation; the driver's error.
+pub unsafe fn foreign_stream_wait(stream: &Stream, foreign: u64) -> Result<()> {
+    cuda_only(stream.device(), "making a foreign stream wait")?;
+    let event = stream.record()?;
+    let Some(ev) = raw_event(&event) else {
+        return Err(Error::Internal("a CUDA event without a handle".into()));
+    };
+    let ctx = cudarc::driver::CudaContext::new(stream.device().info().ordinal).map_err(drv)?;
+    ctx.bind_to_thread().map_err(drv)?;
+    // SAFETY: `ev` is alive while `event` is (a wait enqueued on it stays
+    // valid after it is recycled); `foreign` per the caller's contract.
+    let r = unsafe {
+        cudarc::driver::sys::cuStreamWaitEvent(
+            foreign as cudarc::driver::sys::CUstream,
+            ev as cudarc::driver::sys::CUevent,
+            0,
+        )
+    };
+    drop(event);
+    r.result().map_err(drv)
+}
+
+fn drv(e: cudarc::driver::DriverError) -> Error {
+    Error::Driver {
+        call: "interop",
+        code: format!("{e:?}"),
+    }
+}
+
+/// A driver stream of our own in the device's primary context, for the
+/// DLPack handshake: pass [`HandshakeStream::handle`] as `stream=` to a
+/// producer's `__dlpack__` (the producer makes it wait for its pending
+/// writes), then [`HandshakeStream::synchronize`] before enqueueing work on
+/// the producer's memory.
+pub struct HandshakeStream {
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+}
+
+impl std::fmt::Debug for HandshakeStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandshakeStream")
+            .field("handle", &self.handle())
+            .finish()
+    }
+}
+
+impl HandshakeStream {
+    /// A new non-blocking stream on `device`.
+    ///
+    /// # Errors
+    /// `BackendUnavailable` on the CPU emulation; the driver's error.
+    pub fn new(device: &Device) -> Result<HandshakeStream> {
+        cuda_only(device, "a handshake stream")?;
+        let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).map_err(drv)?;
+        let stream = ctx.new_stream().map_err(drv)?;
+        Ok(HandshakeStream { stream })
+    }
+
+    /// The `CUstream` handle as an integer.
+    pub fn handle(&self) -> u64 {
+        self.stream.cu_stream() as u64
+    }
+
+    /// Blocks until everything queued on the stream (and what it was made to
+    /// wait for) has finished.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv)
+    }
+}
+
+/// Blocks until everything queued so far on the foreign CUDA stream
+/// `foreign` has finished (`cuStreamSynchronize`): what a consumer of a
+/// `__cuda_array_interface__` v3 with a `stream` does before using the memory.
+///
+/// # Safety
+/// `foreign` is a live stream handle of the device's primary context, or
+/// 1 / 2 for the legacy and per-thread default streams.
+///
+/// # Errors
+/// `BackendUnavailable` on the CPU emulation; the driver's error.
+pub unsafe fn synchronize_foreign_stream(device: &Device, foreign: u64) -> Result<()> {
+    cuda_only(device, "synchronizing a foreign stream")?;
+    let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).map_err(drv)?;
+    ctx.bind_to_thread().map_err(drv)?;
+    // SAFETY: the caller's contract.
+    unsafe { cudarc::driver::sys::cuStreamSynchronize(foreign as cudarc::driver::sys::CUstream) }
+        .result()
+        .map_err(drv)
+}
+
+/// The opaque erased array of [`crate::Arrays`], so a binding can implement
+/// `Arrays` for a run's side that has no host arrays (a device output written
+/// in place by the stage): return empty vectors.
+pub use crate::pipeline::ErasedArray;

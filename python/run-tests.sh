@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the `gpufeed` extension into a local venv (python/.venv) and runs its
+# pytest suite. Needs only rustup, python3 (>= 3.11) and pip, with access to
+# PyPI. The CPU emulation is used unless a GPU is present (HOST_BACKEND wins
+# when set); REQUIRE_GPU=1 makes the GPU tests fail instead of skipping.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+py="${PYTHON:-python3}"
+venv="$here/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv "$venv"
+fi
+vpy="$venv/bin/python"
+"$vpy" -m pip install --quiet --disable-pip-version-check \
+    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5"
+# A debug build keeps CI short; the shared target dir avoids rebuilding `host`.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/../target}"
+# Build the abi3 wheel (debug profile: CI time) and install it into the venv,
+# as a user would install it (numpy is there already: --no-deps).
+wheels="$CARGO_TARGET_DIR/wheels-test"
+rm -rf "$wheels"
+"$venv/bin/maturin" build --quiet --profile dev --compatibility linux --interpreter "$vpy" --out "$wheels"
+"$vpy" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheels"/gpufeed-*.whl
+if [ -z "${HOST_BACKEND:-}" ]; then
+    if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+        export HOST_BACKEND=cpu
+    fi
+fi
+echo "gpufeed tests: HOST_BACKEND=${HOST_BACKEND:-auto}"
+exec "$vpy" -m pytest -q -rs "$here/tests" "$@"

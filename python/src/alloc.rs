@@ -1,0 +1,789 @@
+//! Pinned host memory for Python: `PinnedAllocator` (the seed's API over the
+//! stream-aware pool), `PinnedBuffer` (NumPy views through the buffer
+//! protocol, counted), and `pin` (pin-in-place of an existing array).
+
+use crate::device::{device_or_default, nbytes, parse_dtype_or_f32, parse_shape, Device, State};
+use crate::dtype::DType;
+use crate::{buffer_error, IntoPy};
+use bytemuck::Pod;
+use host::interop::{cast_host, cast_host_mut, RegisteredRaw};
+use host::{HostSlice, HostSliceMut, PinnedArray, PinnedHost, PinnedPool, PooledBuffer};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Pinned host memory a `PinnedBuffer` holds.
+pub enum HostMem {
+    /// On loan from the pool; goes back to it when dropped (after the
+    /// device is done, when an operation owned it).
+    Pool(PooledBuffer<u8>),
+    /// A foreign array's memory pinned in place; unregistered when dropped,
+    /// then the array's export is released.
+    Registered(RegisteredRaw),
+}
+
+impl HostMem {
+    fn ptr(&mut self) -> *mut u8 {
+        match self {
+            HostMem::Pool(b) => b.as_mut_slice().as_mut_ptr(),
+            HostMem::Registered(r) => r.as_mut_ptr(),
+        }
+    }
+}
+
+impl PinnedHost<u8> for HostMem {
+    fn host(&self) -> HostSlice<'_, u8> {
+        match self {
+            HostMem::Pool(b) => b.host(),
+            HostMem::Registered(r) => r.host(),
+        }
+    }
+    fn host_mut(&mut self) -> HostSliceMut<'_, u8> {
+        match self {
+            HostMem::Pool(b) => b.host_mut(),
+            HostMem::Registered(r) => r.host_mut(),
+        }
+    }
+}
+
+/// Host memory seen as `T` (for the pipeline, whose kernels are typed).
+/// Built only for memory checked to hold whole, aligned `T`s (`typed`).
+pub struct Typed<T> {
+    pub mem: HostMem,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Pod> Typed<T> {
+    /// `mem` as `T`, or an error (with `mem` back) when it isn't whole aligned `T`s.
+    #[allow(clippy::result_large_err)]
+    pub fn new(mem: HostMem) -> Result<Self, (host::Error, HostMem)> {
+        if let Err(e) = cast_host::<T>(mem.host()) {
+            return Err((e, mem));
+        }
+        Ok(Typed {
+            mem,
+            _t: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: Pod> PinnedHost<T> for Typed<T> {
+    fn host(&self) -> HostSlice<'_, T> {
+        match cast_host(self.mem.host()) {
+            Ok(v) => v,
+            Err(_) => checked_cast_failed(),
+        }
+    }
+    fn host_mut(&mut self) -> HostSliceMut<'_, T> {
+        match cast_host_mut(self.mem.host_mut()) {
+            Ok(v) => v,
+            Err(_) => checked_cast_failed(),
+        }
+    }
+}
+
+/// `Typed::new` checked the cast on the same memory, so this is never
+/// reached; abort rather than unwind across the Python boundary.
+fn checked_cast_failed() -> ! {
+    eprintln!("gpufeed: internal error: a typed view failed its checked cast");
+    std::process::abort()
+}
+
+impl<T: Pod> PinnedArray for Typed<T> {
+    type Elem = T;
+    fn source(&self) -> HostSlice<'_, T> {
+        self.host()
+    }
+    fn destination(&mut self) -> HostSliceMut<'_, T> {
+        self.host_mut()
+    }
+}
+
+/// The caching allocator of pinned host memory (the seed's API): `alloc`,
+/// `free`, `get_array`, with the pool's statistics, cap and `empty_cache`.
+/// Blocks freed while an operation still uses them return to the pool only
+/// when the device is done.
+#[pyclass(module = "gpufeed", frozen)]
+pub struct PinnedAllocator {
+    pool: PinnedPool,
+    device: host::Device,
+    cap: AtomicUsize,
+}
+
+#[pymethods]
+impl PinnedAllocator {
+    /// `PinnedAllocator(device=None, max_cached_bytes=None)`.
+    #[new]
+    #[pyo3(signature = (device=None, max_cached_bytes=None))]
+    fn new(
+        py: Python<'_>,
+        device: Option<&Device>,
+        max_cached_bytes: Option<usize>,
+    ) -> PyResult<Self> {
+        let device = device_or_default(py, device)?;
+        let pool = PinnedPool::new(&device);
+        let cap = max_cached_bytes.unwrap_or(usize::MAX);
+        pool.set_max_cached_bytes(cap);
+        Ok(PinnedAllocator {
+            pool,
+            device,
+            cap: AtomicUsize::new(cap),
+        })
+    }
+
+    /// A pinned buffer of `shape` and `dtype`. Contents are unspecified (a
+    /// reused block keeps old data) unless `zero=True`.
+    #[pyo3(signature = (shape, dtype=None, zero=false))]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        shape: &Bound<'_, PyAny>,
+        dtype: Option<&Bound<'_, PyAny>>,
+        zero: bool,
+    ) -> PyResult<PinnedBuffer> {
+        let shape = parse_shape(shape)?;
+        let dtype = parse_dtype_or_f32(dtype)?;
+        let bytes = nbytes(&shape, dtype)?;
+        let mut buf = py.detach(|| self.pool.alloc::<u8>(bytes)).py()?;
+        if zero {
+            buf.as_mut_slice().fill(0);
+        }
+        Ok(PinnedBuffer::new(
+            HostMem::Pool(buf),
+            dtype,
+            &shape,
+            &self.device,
+            None,
+        ))
+    }
+
+    /// Frees `buf` (back to the pool; refused while it has live views).
+    fn free(&self, buf: &Bound<'_, PinnedBuffer>) -> PyResult<()> {
+        buf.borrow_mut().free_inner()
+    }
+
+    /// A NumPy array over `buf`'s pinned memory, no copy (see `PinnedBuffer.get_array`).
+    fn get_array<'py>(&self, buf: &Bound<'py, PinnedBuffer>) -> PyResult<Bound<'py, PyAny>> {
+        PinnedBuffer::get_array(buf)
+    }
+
+    /// Pins `obj` in place on this allocator's device (see `gpufeed.pin`).
+    fn pin(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<PinnedBuffer> {
+        pin_on(py, obj, &self.device)
+    }
+
+    /// The pool's statistics: bytes in use / cached / peak, blocks in use,
+    /// hits, misses, driver allocations and frees with their times.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.pool.stats();
+        let d = PyDict::new(py);
+        d.set_item("in_use_bytes", s.in_use_bytes)?;
+        d.set_item("cached_bytes", s.cached_bytes)?;
+        d.set_item("peak_in_use_bytes", s.peak_in_use_bytes)?;
+        d.set_item("blocks_in_use", s.blocks_in_use)?;
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("driver_allocs", s.driver_allocs)?;
+        d.set_item("driver_frees", s.driver_frees)?;
+        d.set_item("driver_alloc_ns", s.driver_alloc_ns)?;
+        d.set_item("driver_free_ns", s.driver_free_ns)?;
+        Ok(d)
+    }
+
+    /// The cap on bytes kept in free blocks (None: no cap).
+    #[getter]
+    fn get_max_cached_bytes(&self) -> Option<usize> {
+        Some(self.cap.load(Ordering::Relaxed)).filter(|&c| c != usize::MAX)
+    }
+
+    /// Sets the cap (None: no cap); blocks beyond it are freed now.
+    #[setter]
+    fn set_max_cached_bytes(&self, py: Python<'_>, cap: Option<usize>) {
+        let cap = cap.unwrap_or(usize::MAX);
+        self.cap.store(cap, Ordering::Relaxed);
+        py.detach(|| self.pool.set_max_cached_bytes(cap));
+    }
+
+    /// Frees every cached block (blocks in use are untouched).
+    fn empty_cache(&self, py: Python<'_>) {
+        py.detach(|| self.pool.empty_cache());
+    }
+
+    /// The allocator's device.
+    #[getter]
+    fn device(&self) -> Device {
+        Device {
+            inner: self.device.clone(),
+        }
+    }
+}
+
+/// Pinned host memory of a shape and dtype: from a `PinnedAllocator`, or an
+/// existing array pinned in place (`gpufeed.pin`).
+///
+/// NumPy sees it without a copy through the buffer protocol
+/// (`np.asarray(buf)`, `buf.get_array()`), and the buffer counts those views:
+/// while any is alive it can't be freed or given to an operation
+/// (`BufferError`). Given to an operation, its memory moves into the
+/// operation (state `in-flight`: every access raises `BufferError`) and
+/// comes back when the operation is waited for.
+///
+/// `__dlpack__` exports it as kDLCPU (what PyTorch, NumPy and CuPy accept for
+/// host memory), or kDLCUDAHost with `dlpack_device = "cuda_host"` (NumPy
+/// accepts it; PyTorch does not). bfloat16 is exported to the buffer
+/// protocol as its raw bits (`uint16`), to DLPack as kDLBfloat.
+#[pyclass(module = "gpufeed")]
+pub struct PinnedBuffer {
+    pub(crate) state: State<HostMem>,
+    exports: usize,
+    pub(crate) dtype: DType,
+    shape: Box<[isize]>,
+    strides: Box<[isize]>,
+    pub(crate) nbytes: usize,
+    pub(crate) device: host::Device,
+    /// Pinned in place: the object whose memory this is.
+    origin: Option<Py<PyAny>>,
+    cuda_host: bool,
+}
+
+/// References to a pinned-in-place object that are ours: `origin` and the
+/// memoryview's managed buffer that keeps it exported.
+const OUR_REFS: isize = 2;
+
+impl PinnedBuffer {
+    fn new(
+        mem: HostMem,
+        dtype: DType,
+        shape: &[usize],
+        device: &host::Device,
+        origin: Option<Py<PyAny>>,
+    ) -> Self {
+        let nbytes = shape.iter().product::<usize>() * dtype.size();
+        let mut strides = vec![0isize; shape.len()];
+        let mut acc = dtype.size() as isize;
+        for (s, &d) in strides.iter_mut().zip(shape).rev() {
+            *s = acc;
+            acc *= d as isize;
+        }
+        PinnedBuffer {
+            state: State::Ready(mem),
+            exports: 0,
+            dtype,
+            shape: shape.iter().map(|&d| d as isize).collect(),
+            strides: strides.into(),
+            nbytes,
+            device: device.clone(),
+            origin,
+            cuda_host: false,
+        }
+    }
+
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product::<isize>() as usize
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The shape.
+    pub fn dims(&self) -> Vec<usize> {
+        self.shape.iter().map(|&d| d as usize).collect()
+    }
+
+    /// Checks that the buffer may be given to an operation (ready, no live
+    /// views, a pinned-in-place object unreachable but through us).
+    pub(crate) fn check_for_operation(&self, py: Python<'_>) -> PyResult<()> {
+        self.state.get("the pinned buffer")?;
+        if self.exports > 0 {
+            return Err(buffer_error(format!(
+                "the pinned buffer has {} live view(s) (NumPy arrays, memoryviews, DLPack \
+                 tensors): delete them before giving it to an operation",
+                self.exports
+            )));
+        }
+        if let Some(o) = &self.origin {
+            // SAFETY: a live object (we hold a reference), GIL held.
+            let n = unsafe { ffi::Py_REFCNT(o.bind(py).as_ptr()) } - OUR_REFS;
+            if n > 0 {
+                return Err(buffer_error(format!(
+                    "the array pinned in place is still referenced elsewhere ({n} reference(s)): \
+                     Python could read or write it while the device does; drop them (`del x`) and \
+                     reach it through the PinnedBuffer (get_array(), unpin())"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the memory out for an operation (state: in-flight).
+    pub(crate) fn take_for_operation(&mut self, py: Python<'_>) -> PyResult<HostMem> {
+        self.check_for_operation(py)?;
+        match std::mem::replace(&mut self.state, State::InFlight) {
+            State::Ready(m) => Ok(m),
+            other => {
+                self.state = other;
+                Err(buffer_error("the pinned buffer is not ready"))
+            }
+        }
+    }
+
+    fn free_inner(&mut self) -> PyResult<()> {
+        self.state.get("the pinned buffer")?;
+        if self.exports > 0 {
+            return Err(buffer_error(format!(
+                "the pinned buffer has {} live view(s): delete them before freeing it",
+                self.exports
+            )));
+        }
+        self.state = State::Freed("freed by free()".into());
+        Ok(())
+    }
+
+    pub(crate) fn get_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        // Say why up front: NumPy turns a refused buffer export into a 0-d
+        // object array instead of raising.
+        slf.borrow().state.get("the pinned buffer")?;
+        slf.py().import("numpy")?.call_method1("asarray", (slf,))
+    }
+}
+
+#[pymethods]
+impl PinnedBuffer {
+    /// A NumPy array over the pinned memory, no copy; its base keeps this
+    /// buffer alive, and it counts as a live view until it is deleted.
+    #[pyo3(name = "get_array")]
+    fn py_get_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        Self::get_array(slf)
+    }
+
+    /// Frees the buffer now (back to the pool; a pinned-in-place array is
+    /// unpinned). Refused while views are alive or an operation holds it.
+    fn free(&mut self) -> PyResult<()> {
+        self.free_inner()
+    }
+
+    /// Unpins an array pinned in place and returns it (refused while views
+    /// are alive or an operation holds it).
+    fn unpin(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let Some(origin) = self.origin.as_ref().map(|o| o.clone_ref(py)) else {
+            return Err(PyTypeError::new_err(
+                "unpin() is for arrays pinned in place (gpufeed.pin); use free()",
+            ));
+        };
+        self.free_inner()?;
+        self.state = State::Freed("unpinned by unpin()".into());
+        Ok(origin)
+    }
+
+    /// The shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.shape.iter())
+    }
+
+    /// The dtype's name.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype.name()
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// Element count.
+    #[getter]
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.shape.first().map_or(1, |&d| d as usize)
+    }
+
+    /// `"ready"`, `"in-flight"` or `"freed"`.
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.state.name()
+    }
+
+    /// Live views (buffer-protocol exports: NumPy arrays, memoryviews, DLPack).
+    #[getter]
+    fn exports(&self) -> usize {
+        self.exports
+    }
+
+    /// The device the memory is pinned for.
+    #[getter]
+    fn device(&self) -> Device {
+        Device {
+            inner: self.device.clone(),
+        }
+    }
+
+    /// Whether this is an existing array pinned in place.
+    #[getter]
+    fn pinned_in_place(&self) -> bool {
+        self.origin.is_some()
+    }
+
+    /// The address of the first byte (an integer).
+    #[getter]
+    fn ptr(&mut self) -> PyResult<usize> {
+        Ok(self.state.get_mut("the pinned buffer")?.ptr() as usize)
+    }
+
+    /// The DLPack device of `__dlpack__`: `"cpu"` (kDLCPU, default) or
+    /// `"cuda_host"` (kDLCUDAHost).
+    #[getter]
+    fn get_dlpack_device(&self) -> &'static str {
+        if self.cuda_host {
+            "cuda_host"
+        } else {
+            "cpu"
+        }
+    }
+
+    #[setter]
+    fn set_dlpack_device(&mut self, kind: &str) -> PyResult<()> {
+        self.cuda_host = match kind {
+            "cpu" => false,
+            "cuda_host" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "dlpack_device is \"cpu\" or \"cuda_host\", not {other:?}"
+                )))
+            }
+        };
+        Ok(())
+    }
+
+    /// `(device_type, device_id)`: `(1, 0)` (kDLCPU) or `(3, 0)` (kDLCUDAHost).
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        if self.cuda_host {
+            (3, 0)
+        } else {
+            (1, 0)
+        }
+    }
+
+    /// DLPack export without a copy. The capsule holds a view of the buffer
+    /// (counted like a NumPy view) until the consumer lets go. `stream` is
+    /// ignored (host memory; a ready buffer has no pending device work);
+    /// `dl_device` may ask for `(1, 0)` or `(3, 0)`.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        if copy == Some(true) {
+            return Err(buffer_error(
+                "__dlpack__(copy=True) is not supported: export without a copy",
+            ));
+        }
+        let py = slf.py();
+        // The view first (it fails for a buffer in flight or freed).
+        let view = py
+            .import("builtins")?
+            .getattr("memoryview")?
+            .call1((slf,))?;
+        let mut this = slf.borrow_mut();
+        let device = match dl_device {
+            None => this.__dlpack_device__(),
+            Some(d @ ((1, 0) | (3, 0))) => d,
+            Some(d) => {
+                return Err(buffer_error(format!(
+                    "a pinned host buffer exports as (1, 0) kDLCPU or (3, 0) kDLCUDAHost, not {d:?}"
+                )))
+            }
+        };
+        let data = this.state.get_mut("the pinned buffer")?.ptr();
+        let spec = crate::dlpack::Spec {
+            data: data.cast(),
+            device,
+            dtype: this.dtype,
+            shape: this.shape.iter().map(|&d| d as i64).collect(),
+            readonly: false,
+        };
+        drop(this);
+        crate::dlpack::export(
+            py,
+            spec,
+            crate::dlpack::Keep::Host(view.unbind()),
+            max_version,
+        )
+    }
+
+    /// The buffer protocol: a C-contiguous, writable view of the memory.
+    /// Raises `BufferError` while an operation holds the buffer or after it
+    /// was freed.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(buffer_error("a null Py_buffer"));
+        }
+        let mut this = slf
+            .try_borrow_mut()
+            .map_err(|_| buffer_error("the pinned buffer is busy in another call"))?;
+        let ptr = this.state.get_mut("the pinned buffer")?.ptr();
+        let ndim = this.shape.len();
+        let format = if flags & ffi::PyBUF_FORMAT != 0 {
+            this.dtype.format().as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        let shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+            this.shape.as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        let strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+            this.strides.as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        let (nbytes, item) = (this.nbytes as isize, this.dtype.size() as isize);
+        this.exports += 1;
+        drop(this);
+        // SAFETY: `view` is the non-null Py_buffer the interpreter gave us to
+        // fill. The memory (pointer, shape, strides, format) stays valid until
+        // `__releasebuffer__`: the state can't leave Ready (no operation, no
+        // free) while `exports` > 0, and `obj` keeps this object alive.
+        unsafe {
+            (*view).obj = slf.into_any().into_ptr();
+            (*view).buf = ptr.cast();
+            (*view).len = nbytes;
+            (*view).readonly = 0;
+            (*view).itemsize = item;
+            (*view).format = format;
+            (*view).ndim = ndim as c_int;
+            (*view).shape = shape;
+            (*view).strides = strides;
+            (*view).suboffsets = std::ptr::null_mut();
+            (*view).internal = std::ptr::null_mut();
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&mut self, _view: *mut ffi::Py_buffer) {
+        self.exports = self.exports.saturating_sub(1);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpufeed.PinnedBuffer shape={:?} dtype={} {}{}>",
+            self.shape,
+            self.dtype.name(),
+            self.state.name(),
+            if self.origin.is_some() {
+                " pinned-in-place"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// A C-contiguous buffer-protocol view of an object, released on drop (with
+/// the GIL held: it never leaves the thread that holds it).
+pub struct ContiguousView {
+    view: Box<ffi::Py_buffer>,
+    /// First byte.
+    pub ptr: *mut u8,
+    /// Bytes.
+    pub len: usize,
+    /// Bytes per item.
+    pub itemsize: usize,
+    /// The struct-module format, when given.
+    pub format: Option<String>,
+}
+
+impl ContiguousView {
+    /// Asks `obj` for a C-contiguous view (writable if asked); `BufferError`
+    /// (Python's own, with its reason) when it can't give one.
+    pub fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Self> {
+        // SAFETY: Py_buffer is a plain C struct; all-zero is its "empty" state.
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        let mut flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT;
+        if writable {
+            flags |= ffi::PyBUF_WRITABLE;
+        }
+        // SAFETY: obj is a live object (GIL held); view points to writable memory.
+        let r = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        if r != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        let format = if view.format.is_null() {
+            None
+        } else {
+            // SAFETY: a non-null format is a NUL-terminated string owned by the export.
+            Some(
+                unsafe { std::ffi::CStr::from_ptr(view.format) }
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        };
+        Ok(ContiguousView {
+            ptr: view.buf.cast(),
+            len: view.len.max(0) as usize,
+            itemsize: view.itemsize.max(0) as usize,
+            format,
+            view,
+        })
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the export keeps `len` bytes at `ptr` valid while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for ContiguousView {
+    fn drop(&mut self) {
+        // SAFETY: filled by a successful PyObject_GetBuffer, released once;
+        // the view is only dropped on a thread holding the GIL (it is not Send).
+        unsafe { ffi::PyBuffer_Release(&mut *self.view) };
+    }
+}
+
+/// A NumPy array of `dtype` and `shape` holding a copy of `bytes`.
+pub fn numpy_from_bytes<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    dtype: DType,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyAny>> {
+    let np = py.import("numpy")?;
+    let name = if dtype == DType::BF16 {
+        "uint16"
+    } else {
+        dtype.name()
+    };
+    let ba = pyo3::types::PyByteArray::new(py, bytes);
+    np.call_method1("frombuffer", (ba, name))?
+        .call_method1("reshape", (PyTuple::new(py, shape)?,))
+}
+
+/// Keeps a Python object (a memoryview export) until dropped; dropping
+/// without the GIL defers the decref to PyO3's pool, so the completion
+/// thread that drops it never needs the GIL.
+struct PyOwner(#[allow(dead_code)] Py<PyAny>);
+
+/// Pins an existing array in place (`cuMemHostRegister`; `mlock` on the CPU
+/// emulation) and returns it as a `PinnedBuffer`: copies and pipelines then
+/// use it directly, with no staging copy.
+///
+/// Refused with `BufferError` when it can't be done safely: read-only or
+/// non-C-contiguous memory, a NumPy view of another array (pin the array that
+/// owns the memory), a memoryview (pin the object it views). The array is
+/// kept exported while pinned, so its owner can't resize or free it. To give
+/// the buffer to an operation, drop your other references to the array
+/// (`del x`): Python must not reach memory the device is using; use
+/// `buf.get_array()` for counted views, and `buf.unpin()` to get the array back.
+#[pyfunction]
+#[pyo3(signature = (obj, device=None))]
+pub fn pin(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    device: Option<&Device>,
+) -> PyResult<PinnedBuffer> {
+    let device = device_or_default(py, device)?;
+    pin_on(py, obj, &device)
+}
+
+pub(crate) fn pin_on(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    device: &host::Device,
+) -> PyResult<PinnedBuffer> {
+    let builtins = py.import("builtins")?;
+    let memoryview = builtins.getattr("memoryview")?;
+    if obj.is_instance(&memoryview)? {
+        return Err(buffer_error(
+            "pin() of a memoryview: pin the object it views (its owner could free the memory)",
+        ));
+    }
+    if obj.is_instance_of::<PinnedBuffer>() {
+        return Err(buffer_error("a PinnedBuffer is pinned already"));
+    }
+    if let Ok(base) = obj.getattr("base") {
+        if !base.is_none() {
+            return Err(buffer_error(
+                "pin() of a view of another array: pin the array that owns the memory (the \
+                 other array could be written while the device uses it)",
+            ));
+        }
+    }
+    let mv = memoryview.call1((obj,)).map_err(|e| {
+        if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
+            PyTypeError::new_err(format!("pin() needs a buffer-protocol object: {e}"))
+        } else {
+            e
+        }
+    })?;
+    if mv.getattr("readonly")?.extract::<bool>()? {
+        return Err(buffer_error(
+            "pin() of read-only memory: the device could write it",
+        ));
+    }
+    if !mv.getattr("c_contiguous")?.extract::<bool>()? {
+        return Err(buffer_error(
+            "pin() of non-contiguous memory: copies need one contiguous range (np.ascontiguousarray)",
+        ));
+    }
+    let shape: Vec<usize> = mv.getattr("shape")?.extract()?;
+    let format: String = mv.getattr("format")?.extract()?;
+    let itemsize: usize = mv.getattr("itemsize")?.extract()?;
+    let dtype = DType::from_format(&format)
+        .filter(|d| d.size() == itemsize)
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "pin() of an unsupported element type (format {format:?}, {itemsize} bytes)"
+            ))
+        })?;
+    let (ptr, len) = {
+        let v = ContiguousView::get(&mv, true)?;
+        (v.ptr as usize, v.len)
+    };
+    if len != nbytes(&shape, dtype)? {
+        return Err(buffer_error("the buffer's length does not match its shape"));
+    }
+    let owner: Box<dyn Send> = Box::new(PyOwner(mv.unbind()));
+    let reg = py
+        .detach(move || {
+            // SAFETY: the memoryview in `owner` holds an export of `obj`, so its
+            // memory stays allocated and unmoved (an exporter may not free or
+            // resize while exported) until the owner is dropped, which the guard
+            // does only after unregistering. Exclusive use while an operation
+            // holds the guard is enforced by `check_for_operation` (no other
+            // reference to the array, no live view of the buffer).
+            unsafe { RegisteredRaw::new(device, ptr as *mut u8, len, owner) }
+        })
+        .py()?;
+    Ok(PinnedBuffer::new(
+        HostMem::Registered(reg),
+        dtype,
+        &shape,
+        device,
+        Some(obj.clone().unbind()),
+    ))
+}

@@ -1,0 +1,616 @@
+//! `Device` (a backend, shared per backend and ordinal) and `DeviceArray`
+//! (device memory: our own, or a PyTorch/CuPy allocation wrapped in place).
+
+use crate::dtype::DType;
+use crate::{buffer_error, IntoPy};
+use host::{BackendChoice, BackendKind, DeviceBuffer, DeviceOptions, DeviceSliceMut};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Devices opened so far, one per (backend, ordinal): buffers of two
+/// `host::Device` handles can't be mixed, so every `Device(...)` of the same
+/// backend and ordinal is the same device.
+static DEVICES: Mutex<Option<HashMap<(u8, usize), host::Device>>> = Mutex::new(None);
+
+fn open(choice: BackendChoice, ordinal: usize) -> host::Result<host::Device> {
+    let key = (choice as u8, ordinal);
+    let mut map = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.get_or_insert_with(HashMap::new);
+    if let Some(d) = map.get(&key) {
+        return Ok(d.clone());
+    }
+    let d = host::Device::open(DeviceOptions {
+        backend: choice,
+        ordinal,
+        ..Default::default()
+    })?;
+    map.insert(key, d.clone());
+    Ok(d)
+}
+
+/// A device: the CUDA driver when a GPU is present, else the CPU emulation
+/// (`HOST_BACKEND=cpu|cuda|auto` or `backend=` chooses).
+#[pyclass(module = "gpufeed", frozen)]
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: host::Device,
+}
+
+#[pymethods]
+impl Device {
+    /// `Device(backend=None, ordinal=0)`: `backend` is `"auto"`, `"cuda"`,
+    /// `"cpu"`, or None for `HOST_BACKEND` (default auto). The same backend
+    /// and ordinal always give the same device.
+    #[new]
+    #[pyo3(signature = (backend=None, ordinal=0))]
+    fn new(py: Python<'_>, backend: Option<&str>, ordinal: usize) -> PyResult<Self> {
+        let choice = match backend {
+            Some(b) => b.parse::<BackendChoice>().py()?,
+            None => DeviceOptions::from_env().py()?.backend,
+        };
+        let inner = py.detach(|| open(choice, ordinal)).py()?;
+        Ok(Device { inner })
+    }
+
+    /// `"cuda"` or `"cpu"`.
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.inner.kind() {
+            BackendKind::Cuda => "cuda",
+            _ => "cpu",
+        }
+    }
+
+    /// The device's name.
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.info().name.clone()
+    }
+
+    /// The CUDA ordinal.
+    #[getter]
+    fn ordinal(&self) -> usize {
+        self.inner.info().ordinal
+    }
+
+    /// One line saying which backend runs and why.
+    fn banner(&self) -> String {
+        self.inner.banner()
+    }
+
+    /// Waits (GIL released) until all work queued on the device has finished.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.synchronize()).py()
+    }
+
+    /// A `DeviceArray` of `shape` and `dtype` (contents unspecified on CUDA).
+    #[pyo3(signature = (shape, dtype=None))]
+    fn empty(
+        &self,
+        shape: &Bound<'_, PyAny>,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<DeviceArray> {
+        DeviceArray::alloc(&self.inner, parse_shape(shape)?, parse_dtype_or_f32(dtype)?)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<gpufeed.Device {}>", self.inner.banner())
+    }
+}
+
+/// The device `HOST_BACKEND` picks (auto by default), shared by everything
+/// that is given no device.
+#[pyfunction]
+pub fn default_device(py: Python<'_>) -> PyResult<Device> {
+    Device::new(py, None, 0)
+}
+
+/// `device` or the default device.
+pub fn device_or_default(py: Python<'_>, device: Option<&Device>) -> PyResult<host::Device> {
+    match device {
+        Some(d) => Ok(d.inner.clone()),
+        None => Ok(default_device(py)?.inner),
+    }
+}
+
+/// A shape: an int or a sequence of ints.
+pub fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+    if let Ok(n) = shape.extract::<usize>() {
+        return Ok(vec![n]);
+    }
+    shape
+        .extract::<Vec<usize>>()
+        .map_err(|_| PyTypeError::new_err("shape must be a non-negative int or a sequence of them"))
+}
+
+/// A dtype: a name (`"float32"`, `"f4"`), a NumPy dtype or type, a PyTorch dtype.
+pub fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let mut names = Vec::new();
+    if let Ok(s) = dtype.extract::<String>() {
+        names.push(s);
+    } else {
+        if let Ok(n) = dtype.getattr("name").and_then(|n| n.extract::<String>()) {
+            names.push(n);
+        }
+        if let Ok(n) = dtype
+            .getattr("__name__")
+            .and_then(|n| n.extract::<String>())
+        {
+            names.push(n);
+        }
+        if let Ok(s) = dtype.str() {
+            names.push(s.to_string());
+        }
+    }
+    names.iter().find_map(|n| DType::parse(n)).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "unsupported dtype {}: use one of {}",
+            dtype.repr().map(|r| r.to_string()).unwrap_or_default(),
+            crate::dtype::ALL
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })
+}
+
+/// A dtype, float32 when None.
+pub fn parse_dtype_or_f32(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
+    dtype.map_or(Ok(DType::F32), parse_dtype)
+}
+
+/// Bytes of `shape` of `dtype`, or an error.
+pub fn nbytes(shape: &[usize], dtype: DType) -> PyResult<usize> {
+    shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("shape {shape:?} of {} overflows", dtype.name()))
+        })
+}
+
+/// Device memory a `DeviceArray` holds.
+pub enum DevMem {
+    /// Ours.
+    Own(DeviceBuffer<u8>),
+    /// A foreign allocation (PyTorch, CuPy) used in place; `owner` (the
+    /// DLPack capsule or the exporting object) keeps it allocated.
+    Foreign {
+        addr: u64,
+        bytes: usize,
+        device: host::Device,
+        #[allow(dead_code)]
+        owner: Py<PyAny>,
+    },
+}
+
+impl DevMem {
+    /// A write view of the whole memory, for a batch that owns `self`.
+    pub fn view_mut(&mut self) -> DeviceSliceMut<'_, u8> {
+        match self {
+            DevMem::Own(b) => b.view_mut(),
+            DevMem::Foreign {
+                addr,
+                bytes,
+                device,
+                ..
+            } => {
+                // SAFETY: `owner` keeps the allocation alive while `self` lives,
+                // and the view is borrowed from `&mut self`, which a job owns
+                // until its commands are done; the producer's pending writes
+                // were waited for when it was wrapped (`as_device_array`).
+                // What other code does with that memory meanwhile is the
+                // caller's (documented) responsibility, as with any foreign
+                // device pointer; it can't reach host memory.
+                unsafe { host::interop::device_slice_mut(device, *addr, *bytes) }
+            }
+        }
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        match self {
+            DevMem::Own(b) => host::interop::device_ptr(b),
+            DevMem::Foreign { addr, .. } => *addr,
+        }
+    }
+}
+
+/// Where a buffer object's memory is.
+pub enum State<M> {
+    /// Here, usable.
+    Ready(M),
+    /// Owned by an operation until it is waited for.
+    InFlight,
+    /// Gone (freed, or released by an operation dropped unwaited), with why.
+    Freed(String),
+}
+
+impl<M> State<M> {
+    /// The memory, or a `BufferError` saying why not.
+    pub fn get(&self, what: &str) -> PyResult<&M> {
+        match self {
+            State::Ready(m) => Ok(m),
+            State::InFlight => Err(buffer_error(format!(
+                "{what} is in use by an operation: wait() for it first"
+            ))),
+            State::Freed(why) => Err(buffer_error(format!("{what} is gone: {why}"))),
+        }
+    }
+
+    /// The memory mutably, or a `BufferError`.
+    pub fn get_mut(&mut self, what: &str) -> PyResult<&mut M> {
+        match self {
+            State::Ready(m) => Ok(m),
+            State::InFlight => Err(buffer_error(format!(
+                "{what} is in use by an operation: wait() for it first"
+            ))),
+            State::Freed(why) => Err(buffer_error(format!("{what} is gone: {why}"))),
+        }
+    }
+
+    /// `"ready"`, `"in-flight"` or `"freed"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Ready(_) => "ready",
+            State::InFlight => "in-flight",
+            State::Freed(_) => "freed",
+        }
+    }
+}
+
+/// Device memory of a shape and dtype: allocated here (`Device.empty`), or
+/// a PyTorch/CuPy CUDA array wrapped in place (`as_device_array`).
+///
+/// Exported without a copy through `__dlpack__` (counted: while a consumer
+/// holds it, the array can't be freed or given to an operation) and
+/// `__cuda_array_interface__` (not counted: once asked for, the array can't be
+/// freed or given to an operation any more; it is freed when the last
+/// reference goes). On the CPU emulation both raise `BufferError`: there
+/// device memory is host memory that no GPU library can use; use
+/// `download()` or a copy into a `PinnedBuffer`.
+#[pyclass(module = "gpufeed")]
+pub struct DeviceArray {
+    pub(crate) state: State<DevMem>,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) nbytes: usize,
+    pub(crate) device: host::Device,
+    /// Live DLPack exports.
+    pub(crate) exports: Arc<AtomicUsize>,
+    /// Handed out through `__cuda_array_interface__` (uncounted).
+    pub(crate) shared: bool,
+}
+
+impl DeviceArray {
+    pub(crate) fn alloc(device: &host::Device, shape: Vec<usize>, dtype: DType) -> PyResult<Self> {
+        let nbytes = nbytes(&shape, dtype)?;
+        let buf = DeviceBuffer::<u8>::new(device, nbytes).py()?;
+        Ok(DeviceArray {
+            state: State::Ready(DevMem::Own(buf)),
+            dtype,
+            shape,
+            nbytes,
+            device: device.clone(),
+            exports: Arc::default(),
+            shared: false,
+        })
+    }
+
+    /// Moves the memory out for an operation (state: in-flight).
+    pub(crate) fn take_for_operation(&mut self) -> PyResult<DevMem> {
+        self.state.get("the device array")?;
+        let n = self.exports.load(Ordering::SeqCst);
+        if n > 0 {
+            return Err(buffer_error(format!(
+                "the device array has {n} live DLPack export(s): drop the consumers' tensors first"
+            )));
+        }
+        if self.shared {
+            return Err(buffer_error(
+                "the device array was exported through __cuda_array_interface__, which can't tell \
+                 when its consumers are done: it can't be given to an operation any more (export \
+                 with __dlpack__, which is counted)",
+            ));
+        }
+        match std::mem::replace(&mut self.state, State::InFlight) {
+            State::Ready(m) => Ok(m),
+            other => {
+                self.state = other;
+                Err(buffer_error("the device array is not ready"))
+            }
+        }
+    }
+
+    fn cuda_only(&self, what: &str) -> PyResult<()> {
+        if self.device.kind() != BackendKind::Cuda {
+            return Err(buffer_error(format!(
+                "{what}: this device array lives on the CPU emulation, where device memory is \
+                 host memory no GPU library can use; download() it or copy it into a PinnedBuffer"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl DeviceArray {
+    /// The shape.
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+
+    /// The dtype's name.
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.dtype.name()
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// Element count.
+    #[getter]
+    fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// `"ready"`, `"in-flight"` or `"freed"`.
+    #[getter]
+    fn state(&self) -> &'static str {
+        self.state.name()
+    }
+
+    /// Whether it wraps a foreign (PyTorch/CuPy) allocation.
+    #[getter]
+    fn is_foreign(&self) -> bool {
+        matches!(self.state, State::Ready(DevMem::Foreign { .. }))
+    }
+
+    /// The device address (an integer; a host address on the CPU emulation).
+    #[getter]
+    fn ptr(&self) -> PyResult<u64> {
+        Ok(self.state.get("the device array")?.addr())
+    }
+
+    /// Frees the memory now (refused while exported or in flight).
+    fn free(&mut self) -> PyResult<()> {
+        self.state.get("the device array")?;
+        let n = self.exports.load(Ordering::SeqCst);
+        if n > 0 || self.shared {
+            return Err(buffer_error(
+                "the device array is exported (DLPack or __cuda_array_interface__): it is freed \
+                 when its last consumer lets go",
+            ));
+        }
+        self.state = State::Freed("freed by free()".into());
+        Ok(())
+    }
+
+    /// Copies `array` (any C-contiguous buffer of `nbytes` bytes, pageable is
+    /// fine) to the device synchronously, GIL released.
+    fn upload(&mut self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
+        let nbytes = self.nbytes;
+        let mem = self.state.get_mut("the device array")?;
+        let DevMem::Own(buf) = mem else {
+            return Err(buffer_error(
+                "upload() works on arrays allocated by gpufeed",
+            ));
+        };
+        let view = crate::alloc::ContiguousView::get(array, false)?;
+        if view.len != nbytes {
+            return Err(PyValueError::new_err(format!(
+                "upload of {} bytes into a device array of {nbytes} bytes",
+                view.len
+            )));
+        }
+        let src = view.as_bytes();
+        py.detach(|| buf.copy_from_host_sync(src)).py()
+    }
+
+    /// The contents as a new NumPy array (a synchronous copy, GIL released).
+    fn download<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let nbytes = self.nbytes;
+        let (dtype, shape) = (self.dtype, self.shape.clone());
+        let mem = self.state.get_mut("the device array")?;
+        let DevMem::Own(buf) = mem else {
+            return Err(buffer_error(
+                "download() works on arrays allocated by gpufeed",
+            ));
+        };
+        let mut out = vec![0u8; nbytes];
+        py.detach(|| buf.copy_to_host_sync(&mut out)).py()?;
+        crate::alloc::numpy_from_bytes(py, &out, dtype, &shape)
+    }
+
+    /// `__cuda_array_interface__` v3 (CUDA only). No `stream`: a ready array
+    /// has no pending work (operations hand arrays back only when done).
+    /// Marks the array shared: it can't be freed or given to an operation
+    /// any more.
+    #[getter]
+    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.cuda_only("__cuda_array_interface__")?;
+        let addr = self.state.get("the device array")?.addr();
+        self.shared = true;
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        d.set_item("typestr", self.dtype.typestr())?;
+        d.set_item("data", (addr, false))?;
+        d.set_item("version", 3)?;
+        d.set_item("strides", py.None())?;
+        d.set_item("stream", py.None())?;
+        Ok(d)
+    }
+
+    /// DLPack export (CUDA only): `(kDLCUDA, ordinal)`. `stream` is the
+    /// consumer's; a ready array has no pending work, so nothing is enqueued.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        let this = slf.borrow();
+        this.cuda_only("__dlpack__")?;
+        if copy == Some(true) {
+            return Err(buffer_error(
+                "__dlpack__(copy=True) is not supported: export without a copy",
+            ));
+        }
+        let ordinal = this.device.info().ordinal as i32;
+        if let Some(d) = dl_device {
+            if d != (2, ordinal) {
+                return Err(buffer_error(format!(
+                    "the array is on (kDLCUDA, {ordinal}); dl_device={d:?} would need a copy"
+                )));
+            }
+        }
+        let addr = this.state.get("the device array")?.addr();
+        let exports = this.exports.clone();
+        let spec = crate::dlpack::Spec {
+            data: addr as *mut std::ffi::c_void,
+            device: (2, ordinal),
+            dtype: this.dtype,
+            shape: this.shape.iter().map(|&d| d as i64).collect(),
+            readonly: false,
+        };
+        drop(this);
+        exports.fetch_add(1, Ordering::SeqCst);
+        let keep = crate::dlpack::Keep::Device {
+            _array: slf.clone().unbind().into_any(),
+            exports,
+        };
+        crate::dlpack::export(slf.py(), spec, keep, max_version)
+    }
+
+    /// `(kDLCUDA, ordinal)` (CUDA only).
+    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+        self.cuda_only("__dlpack_device__")?;
+        Ok((2, self.device.info().ordinal as i32))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpufeed.DeviceArray shape={:?} dtype={} {}>",
+            self.shape,
+            self.dtype.name(),
+            self.state.name()
+        )
+    }
+}
+
+/// Wraps a foreign CUDA array (a PyTorch tensor, a CuPy array: anything
+/// with `__dlpack__` or `__cuda_array_interface__`) in place as a
+/// `DeviceArray`, so an operation or a pipeline can write it. Pending
+/// writes of the producer are waited for first (the DLPack handshake on a
+/// stream of ours, or the interface's `stream`). C-contiguous only. The
+/// wrapper keeps the producer's memory alive; while an operation uses it,
+/// don't touch the tensor from other code (as with any shared device memory).
+/// CUDA only.
+#[pyfunction]
+#[pyo3(signature = (obj, device=None))]
+pub fn as_device_array(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    device: Option<&Device>,
+) -> PyResult<DeviceArray> {
+    let device = device_or_default(py, device)?;
+    if device.kind() != BackendKind::Cuda {
+        return Err(crate::BackendUnavailableError::new_err(
+            "as_device_array needs the CUDA backend (this is the CPU emulation)",
+        ));
+    }
+    let imported = if obj.hasattr("__dlpack__")? {
+        crate::dlpack::import_cuda(py, obj, &device)?
+    } else if obj.hasattr("__cuda_array_interface__")? {
+        import_cai(py, obj, &device)?
+    } else {
+        return Err(PyTypeError::new_err(
+            "as_device_array takes an object with __dlpack__ or __cuda_array_interface__",
+        ));
+    };
+    let nbytes = nbytes(&imported.shape, imported.dtype)?;
+    Ok(DeviceArray {
+        state: State::Ready(DevMem::Foreign {
+            addr: imported.addr,
+            bytes: nbytes,
+            device: device.clone(),
+            owner: imported.owner,
+        }),
+        dtype: imported.dtype,
+        shape: imported.shape,
+        nbytes,
+        device,
+        exports: Arc::default(),
+        shared: false,
+    })
+}
+
+/// What importing foreign device memory yields.
+pub struct Imported {
+    pub addr: u64,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub owner: Py<PyAny>,
+}
+
+fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> PyResult<Imported> {
+    let cai = obj.getattr("__cuda_array_interface__")?;
+    let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
+    let typestr: String = cai.get_item("typestr")?.extract()?;
+    let dtype = DType::parse(&typestr)
+        .filter(|_| !typestr.starts_with('>'))
+        .ok_or_else(|| PyTypeError::new_err(format!("unsupported typestr {typestr:?}")))?;
+    let (addr, readonly): (u64, bool) = cai.get_item("data")?.extract()?;
+    if readonly {
+        return Err(buffer_error("the foreign array is read-only"));
+    }
+    if let Ok(strides) = cai.get_item("strides") {
+        if !strides.is_none() {
+            let strides: Vec<isize> = strides.extract()?;
+            check_c_contiguous(&shape, &strides, dtype.size())?;
+        }
+    }
+    if let Ok(stream) = cai.get_item("stream") {
+        if !stream.is_none() {
+            let handle: u64 = stream.extract()?;
+            // SAFETY: the producer gave this stream handle for consumers to
+            // synchronize on (CAI v3), in the primary context it shares with us.
+            py.detach(|| unsafe { host::interop::synchronize_foreign_stream(device, handle) })
+                .py()?;
+        }
+    }
+    Ok(Imported {
+        addr,
+        shape,
+        dtype,
+        owner: obj.clone().unbind(),
+    })
+}
+
+/// `BufferError` unless `strides` (bytes) are C-contiguous for `shape`.
+pub fn check_c_contiguous(shape: &[usize], strides: &[isize], item: usize) -> PyResult<()> {
+    let mut expect = item as isize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d > 1 && s != expect {
+            return Err(buffer_error(format!(
+                "the array is not C-contiguous (shape {shape:?}, strides {strides:?})"
+            )));
+        }
+        expect *= d as isize;
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `gpufeed`: Python bindings of the `host` crate (PyO3, one abi3 wheel for
+//! CPython 3.11+).
+//!
+//! - [`alloc::PinnedAllocator`] / [`alloc::PinnedBuffer`]: pinned host memory
+//!   from the stream-aware pool, seen from NumPy through the buffer protocol
+//!   (no copy), with pin-in-place of existing arrays ([`alloc::pin`]).
+//! - [`ops::Stream`] / [`ops::Operation`]: copies and the in-tree kernels as
+//!   operations that own their buffers until the device is done.
+//! - [`pipe::Pipeline`]: the chunked overlap pipeline, run with the GIL released.
+//! - [`dlpack`]: DLPack and `__cuda_array_interface__` exchange.
+//!
+//! The ownership rules (what makes it sound): a buffer given to an
+//! operation moves out of its Python object (whose state becomes in-flight:
+//! every access raises `BufferError`) and comes back when the operation is
+//! waited for; a buffer with live exports (NumPy views, memoryviews, DLPack
+//! capsules) can't be given to an operation or freed.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyBufferError, PyRuntimeError};
+use pyo3::prelude::*;
+
+pub mod alloc;
+pub mod device;
+pub mod dlpack;
+pub mod dtype;
+pub mod ops;
+pub mod pipe;
+
+create_exception!(
+    gpufeed,
+    GpuFeedError,
+    PyRuntimeError,
+    "An error of the `host` library; `kind` names the Rust variant."
+);
+create_exception!(
+    gpufeed,
+    DriverError,
+    GpuFeedError,
+    "A CUDA driver call failed."
+);
+create_exception!(
+    gpufeed,
+    ContextBrokenError,
+    GpuFeedError,
+    "The device context is broken for good (a faulting kernel)."
+);
+create_exception!(gpufeed, KernelFaultError, GpuFeedError, "A kernel faulted.");
+create_exception!(
+    gpufeed,
+    BackendUnavailableError,
+    GpuFeedError,
+    "No usable backend (CUDA forced without a GPU, say)."
+);
+create_exception!(
+    gpufeed,
+    NoSuchDeviceError,
+    GpuFeedError,
+    "A device index beyond the devices present."
+);
+create_exception!(
+    gpufeed,
+    LengthMismatchError,
+    GpuFeedError,
+    "Two buffers that must have equal lengths do not."
+);
+create_exception!(
+    gpufeed,
+    OutOfBoundsError,
+    GpuFeedError,
+    "A range outside a buffer."
+);
+create_exception!(
+    gpufeed,
+    SizeOverflowError,
+    GpuFeedError,
+    "A size that overflows the address space."
+);
+create_exception!(
+    gpufeed,
+    LockFailedError,
+    GpuFeedError,
+    "Page-locking was refused (memlock limit, not enough memory)."
+);
+create_exception!(
+    gpufeed,
+    InvalidArgumentError,
+    GpuFeedError,
+    "An argument invalid for the operation."
+);
+create_exception!(gpufeed, OverlapError, GpuFeedError, "Overlapping operands.");
+create_exception!(
+    gpufeed,
+    NotTimedError,
+    GpuFeedError,
+    "Elapsed time of events recorded without timing."
+);
+create_exception!(
+    gpufeed,
+    NotReadyError,
+    GpuFeedError,
+    "Elapsed time of events not reached yet."
+);
+create_exception!(
+    gpufeed,
+    InternalError,
+    GpuFeedError,
+    "The library's own machinery failed."
+);
+
+/// A `host::Error` as the Python exception of its variant, with its text
+/// and `kind` (the variant's name).
+pub fn to_py(e: host::Error) -> PyErr {
+    use host::Error as E;
+    let text = e.to_string();
+    let (err, kind) = match &e {
+        E::Driver { .. } => (DriverError::new_err(text), "Driver"),
+        E::ContextBroken(_) => (ContextBrokenError::new_err(text), "ContextBroken"),
+        E::KernelFault { .. } => (KernelFaultError::new_err(text), "KernelFault"),
+        E::BackendUnavailable(_) => (BackendUnavailableError::new_err(text), "BackendUnavailable"),
+        E::NoSuchDevice { .. } => (NoSuchDeviceError::new_err(text), "NoSuchDevice"),
+        E::LengthMismatch { .. } => (LengthMismatchError::new_err(text), "LengthMismatch"),
+        E::OutOfBounds { .. } => (OutOfBoundsError::new_err(text), "OutOfBounds"),
+        E::SizeOverflow { .. } => (SizeOverflowError::new_err(text), "SizeOverflow"),
+        E::LockFailed { .. } => (LockFailedError::new_err(text), "LockFailed"),
+        E::InvalidArgument(_) => (InvalidArgumentError::new_err(text), "InvalidArgument"),
+        E::Overlap { .. } => (OverlapError::new_err(text), "Overlap"),
+        E::NotTimed => (NotTimedError::new_err(text), "NotTimed"),
+        E::NotReady => (NotReadyError::new_err(text), "NotReady"),
+        E::Internal(_) => (InternalError::new_err(text), "Internal"),
+        _ => (GpuFeedError::new_err(text), "Other"),
+    };
+    Python::attach(|py| {
+        // Best effort: the exception is right without the attribute.
+        let _ = err.value(py).setattr("kind", kind);
+    });
+    err
+}
+
+/// `Result<T, host::Error>` into `PyResult<T>`.
+pub trait IntoPy<T> {
+    /// Converts the error with [`to_py`].
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> IntoPy<T> for host::Result<T> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}
+
+/// A `BufferError` with `msg`.
+pub fn buffer_error(msg: impl Into<String>) -> PyErr {
+    PyBufferError::new_err(msg.into())
+}
+
+#[pymodule]
+fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("GpuFeedError", py.get_type::<GpuFeedError>())?;
+    m.add("DriverError", py.get_type::<DriverError>())?;
+    m.add("ContextBrokenError", py.get_type::<ContextBrokenError>())?;
+    m.add("KernelFaultError", py.get_type::<KernelFaultError>())?;
+    m.add(
+        "BackendUnavailableError",
+        py.get_type::<BackendUnavailableError>(),
+    )?;
+    m.add("NoSuchDeviceError", py.get_type::<NoSuchDeviceError>())?;
+    m.add("LengthMismatchError", py.get_type::<LengthMismatchError>())?;
+    m.add("OutOfBoundsError", py.get_type::<OutOfBoundsError>())?;
+    m.add("SizeOverflowError", py.get_type::<SizeOverflowError>())?;
+    m.add("LockFailedError", py.get_type::<LockFailedError>())?;
+    m.add(
+        "InvalidArgumentError",
+        py.get_type::<InvalidArgumentError>(),
+    )?;
+    m.add("OverlapError", py.get_type::<OverlapError>())?;
+    m.add("NotTimedError", py.get_type::<NotTimedError>())?;
+    m.add("NotReadyError", py.get_type::<NotReadyError>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add_class::<device::Device>()?;
+    m.add_class::<device::DeviceArray>()?;
+    m.add_class::<alloc::PinnedAllocator>()?;
+    m.add_class::<alloc::PinnedBuffer>()?;
+    m.add_class::<ops::Stream>()?;
+    m.add_class::<ops::Operation>()?;
+    m.add_class::<pipe::Pipeline>()?;
+    m.add_function(wrap_pyfunction!(device::default_device, m)?)?;
+    m.add_function(wrap_pyfunction!(device::as_device_array, m)?)?;
+    m.add_function(wrap_pyfunction!(alloc::pin, m)?)?;
+    m.add_function(wrap_pyfunction!(pipe::compare_sync_async, m)?)?;
+    m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;
+    m.add(
+        "DTYPES",
+        dtype::ALL.iter().map(|d| d.name()).collect::<Vec<_>>(),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,718 @@
+//! Streams and operations: copies and kernel launches from Python, each an
+//! `Operation` that owns its buffers until the device is done.
+
+use crate::alloc::{HostMem, PinnedBuffer, Typed};
+use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
+use crate::dtype::DType;
+use crate::{buffer_error, to_py, IntoPy};
+use host::interop::{cast_device, cast_device_mut};
+use host::{
+    DeviceSliceMut, Error, HostSlice, HostSliceMut, Job, JobError, Kernel, PinnedHost, RunInfo,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use std::sync::Mutex;
+
+/// One buffer an operation owns.
+pub enum Slot {
+    Host(HostMem),
+    Dev(DevMem),
+}
+
+/// The Python object a slot came from (and goes back to).
+pub enum Owner {
+    Host(Py<PinnedBuffer>),
+    Dev(Py<DeviceArray>),
+}
+
+impl Owner {
+    /// Puts `slot` back into the object (or marks it gone, with `why`).
+    pub fn restore(&self, py: Python<'_>, slot: Option<Slot>, why: &str) {
+        match (self, slot) {
+            (Owner::Host(o), Some(Slot::Host(m))) => {
+                o.bind(py).borrow_mut().state = State::Ready(m)
+            }
+            (Owner::Dev(o), Some(Slot::Dev(m))) => o.bind(py).borrow_mut().state = State::Ready(m),
+            (Owner::Host(o), _) => o.bind(py).borrow_mut().state = State::Freed(why.into()),
+            (Owner::Dev(o), _) => o.bind(py).borrow_mut().state = State::Freed(why.into()),
+        }
+    }
+}
+
+/// Takes the memory of every owner for an operation; on failure, puts back
+/// what was taken and returns the error.
+pub fn take_all(py: Python<'_>, owners: &[Owner]) -> PyResult<Vec<Slot>> {
+    let mut slots = Vec::with_capacity(owners.len());
+    for o in owners {
+        let taken = match o {
+            Owner::Host(b) => b
+                .bind(py)
+                .borrow_mut()
+                .take_for_operation(py)
+                .map(Slot::Host),
+            Owner::Dev(d) => d.bind(py).borrow_mut().take_for_operation().map(Slot::Dev),
+        };
+        match taken {
+            Ok(s) => slots.push(s),
+            Err(e) => {
+                for (o, s) in owners.iter().zip(slots) {
+                    o.restore(py, Some(s), "");
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(slots)
+}
+
+/// A device-array output of a pipeline run: owned by the run's job, written
+/// by the stage through raw views (it has no host side to copy out).
+pub struct DevOut(pub DevMem);
+
+impl host::Arrays for DevOut {
+    fn sources(&self) -> Vec<host::interop::ErasedArray> {
+        Vec::new()
+    }
+    fn destinations(&mut self) -> Vec<host::interop::ErasedArray> {
+        Vec::new()
+    }
+}
+
+/// The job behind an operation.
+pub enum Pending {
+    Batch(Job<Vec<Slot>, ()>),
+    Run(Job<(Typed<f32>, Typed<f32>), RunInfo>),
+    RunDev(Job<((Typed<f32>,), DevOut), RunInfo>),
+}
+
+/// What a finished operation reports besides its buffers.
+pub type Info = Option<(String, usize, usize, &'static str)>;
+
+fn info(r: &RunInfo) -> Info {
+    Some((
+        r.plan.to_string(),
+        r.plan.chunks,
+        r.plan.streams_used(),
+        r.plan.layout.name(),
+    ))
+}
+
+impl Pending {
+    pub fn is_done(&self) -> bool {
+        match self {
+            Pending::Batch(j) => j.is_done(),
+            Pending::Run(j) => j.is_done(),
+            Pending::RunDev(j) => j.is_done(),
+        }
+    }
+
+    /// Waits (the caller has released the GIL) and splits the outcome into
+    /// the result and the slots handed back.
+    pub fn block(self) -> (Result<Info, Error>, Option<Vec<Slot>>) {
+        fn split<B, R>(
+            r: Result<(B, R), JobError<B>>,
+            slots: impl Fn(B) -> Vec<Slot>,
+            info: impl Fn(&R) -> Info,
+        ) -> (Result<Info, Error>, Option<Vec<Slot>>) {
+            match r {
+                Ok((b, v)) => (Ok(info(&v)), Some(slots(b))),
+                Err(JobError { error, bundle }) => (Err(error), bundle.map(slots)),
+            }
+        }
+        use futures::executor::block_on;
+        match self {
+            Pending::Batch(j) => split(block_on(j), |b| b, |_| None),
+            Pending::Run(j) => split(
+                block_on(j),
+                |(i, o)| vec![Slot::Host(i.mem), Slot::Host(o.mem)],
+                info,
+            ),
+            Pending::RunDev(j) => split(
+                block_on(j),
+                |((i,), o)| vec![Slot::Host(i.mem), Slot::Dev(o.0)],
+                info,
+            ),
+        }
+    }
+}
+
+enum OpState {
+    Pending(Pending),
+    Waiting,
+    Done(Result<Info, Error>),
+}
+
+/// Work in flight on the device. Owns the buffers given to it: they are
+/// handed back into their Python objects by `wait()` (GIL released while
+/// waiting) or `await op` (asyncio); until then every access to them raises
+/// `BufferError`. Dropping an operation without waiting never frees memory
+/// the device uses: its buffers are released when the device is done (pool
+/// blocks return to the pool then), and their Python objects read as freed.
+#[pyclass(module = "gpufeed")]
+pub struct Operation {
+    state: Mutex<OpState>,
+    owners: Vec<Owner>,
+}
+
+impl Operation {
+    pub fn new(pending: Pending, owners: Vec<Owner>) -> Self {
+        Operation {
+            state: Mutex::new(OpState::Pending(pending)),
+            owners,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, py: Python<'_>, pending: Pending) -> Result<Info, Error> {
+        let (result, slots) = py.detach(|| pending.block());
+        let why = "leaked: the end of the device work could not be observed, so the memory was \
+                   kept rather than freed under the device";
+        match slots {
+            Some(slots) => {
+                for (o, s) in self.owners.iter().zip(slots) {
+                    o.restore(py, Some(s), why);
+                }
+            }
+            None => {
+                for o in &self.owners {
+                    o.restore(py, None, why);
+                }
+            }
+        }
+        result
+    }
+}
+
+fn info_to_py(py: Python<'_>, info: Info) -> PyResult<Py<PyAny>> {
+    match info {
+        None => Ok(py.None()),
+        Some((plan, chunks, streams, layout)) => {
+            let d = PyDict::new(py);
+            d.set_item("plan", plan)?;
+            d.set_item("chunks", chunks)?;
+            d.set_item("streams", streams)?;
+            d.set_item("layout", layout)?;
+            Ok(d.into_any().unbind())
+        }
+    }
+}
+
+#[pymethods]
+impl Operation {
+    /// Waits until the device is done (GIL released) and hands the buffers
+    /// back; returns None for a batch, a dict describing the plan for a
+    /// pipeline run. Raises the operation's error (its buffers are handed
+    /// back all the same whenever the device is known to be done with them).
+    /// Waiting again returns (or raises) the same.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
+        let result = match taken {
+            OpState::Pending(p) => self.finish(py, p),
+            OpState::Done(r) => r,
+            OpState::Waiting => {
+                return Err(PyRuntimeError::new_err(
+                    "the operation is being waited for by another thread",
+                ))
+            }
+        };
+        *self.lock() = OpState::Done(result.clone());
+        info_to_py(py, result.map_err(to_py)?)
+    }
+
+    /// Whether the device work has finished (`wait()` then returns at once).
+    fn done(&self) -> bool {
+        match &*self.lock() {
+            OpState::Pending(p) => p.is_done(),
+            OpState::Waiting => false,
+            OpState::Done(_) => true,
+        }
+    }
+
+    /// `await op` in asyncio: `wait()` on the loop's default executor (a
+    /// thread that releases the GIL while it waits).
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+        let fut = event_loop.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
+        fut.call_method0("__await__")
+    }
+
+    fn __repr__(&self) -> String {
+        let s = match &*self.lock() {
+            OpState::Pending(p) if p.is_done() => "done",
+            OpState::Pending(_) | OpState::Waiting => "pending",
+            OpState::Done(Ok(_)) => "waited",
+            OpState::Done(Err(_)) => "failed",
+        };
+        format!("<gpufeed.Operation {s} ({} buffers)>", self.owners.len())
+    }
+}
+
+impl Drop for Operation {
+    fn drop(&mut self) {
+        let state = std::mem::replace(
+            self.state.get_mut().unwrap_or_else(|p| p.into_inner()),
+            OpState::Waiting,
+        );
+        if let OpState::Pending(p) = state {
+            Python::attach(|py| {
+                if p.is_done() {
+                    // Nothing to wait for: hand the buffers back.
+                    let _ = self.finish(py, p);
+                } else {
+                    // The job's own drop defers the release to the completion.
+                    drop(p);
+                    for o in &self.owners {
+                        o.restore(
+                            py,
+                            None,
+                            "released when the device finished: its Operation was dropped \
+                             before wait()",
+                        );
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// One command of a batch, over slot indices.
+#[derive(Clone, Copy, Debug)]
+enum Cmd {
+    H2D { src: usize, dst: usize },
+    D2H { src: usize, dst: usize },
+    D2D { src: usize, dst: usize },
+    Scale { x: usize, s: f32 },
+    Intensity { x: usize, k: u32 },
+    Saxpy { a: f32, x: usize, y: usize },
+}
+
+/// The buffers of a batch being parsed: one slot per distinct object.
+#[derive(Default)]
+struct Batch {
+    owners: Vec<Owner>,
+    ids: Vec<usize>,
+    /// Per slot: (dtype, bytes, is device, written).
+    meta: Vec<(DType, usize, bool, bool)>,
+}
+
+impl Batch {
+    fn slot(&mut self, obj: &Bound<'_, PyAny>, want_device: bool, writes: bool) -> PyResult<usize> {
+        let id = obj.as_ptr() as usize;
+        if let Some(i) = self.ids.iter().position(|&x| x == id) {
+            if self.meta[i].2 != want_device {
+                return Err(PyTypeError::new_err(
+                    "a buffer used as host and device memory",
+                ));
+            }
+            if !want_device && writes && self.meta[i].3 {
+                return Err(PyValueError::new_err(
+                    "a pinned buffer can be the destination of one copy per batch",
+                ));
+            }
+            self.meta[i].3 |= writes;
+            return Ok(i);
+        }
+        let (owner, meta) = if want_device {
+            let d = obj.cast::<DeviceArray>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "expected a gpufeed.DeviceArray, got {}",
+                    type_name(obj)
+                ))
+            })?;
+            let b = d.borrow();
+            (
+                Owner::Dev(d.clone().unbind()),
+                (b.dtype, b.nbytes, true, writes),
+            )
+        } else {
+            let h = obj.cast::<PinnedBuffer>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "expected a gpufeed.PinnedBuffer (pinned host memory: PinnedAllocator.alloc \
+                     or gpufeed.pin), got {}",
+                    type_name(obj)
+                ))
+            })?;
+            let b = h.borrow();
+            (
+                Owner::Host(h.clone().unbind()),
+                (b.dtype, b.nbytes, false, writes),
+            )
+        };
+        self.owners.push(owner);
+        self.ids.push(id);
+        self.meta.push(meta);
+        Ok(self.ids.len() - 1)
+    }
+
+    fn same_type(&self, a: usize, b: usize, what: &str) -> PyResult<()> {
+        let (da, ba, ..) = self.meta[a];
+        let (db, bb, ..) = self.meta[b];
+        if da != db {
+            return Err(PyTypeError::new_err(format!(
+                "{what}: {} and {} differ",
+                da.name(),
+                db.name()
+            )));
+        }
+        if ba != bb {
+            return Err(to_py(Error::LengthMismatch {
+                what: "copy (destination vs source, bytes)",
+                expected: ba,
+                got: bb,
+            }));
+        }
+        Ok(())
+    }
+
+    fn float32(&self, i: usize, what: &str) -> PyResult<()> {
+        if self.meta[i].0 != DType::F32 {
+            return Err(PyTypeError::new_err(format!(
+                "{what} runs on float32 device arrays, not {}",
+                self.meta[i].0.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn parse_command(b: &mut Batch, cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
+    let t = cmd.cast::<PyTuple>().map_err(|_| {
+        PyTypeError::new_err(
+            "a command is a tuple: (\"h2d\", src, dst), (\"d2h\", src, dst), (\"d2d\", src, dst), \
+             (\"scale\", x, s), (\"intensity\", x, k), (\"saxpy\", a, x, y)",
+        )
+    })?;
+    let name: String = t.get_item(0)?.extract()?;
+    let arity = |n: usize| -> PyResult<()> {
+        if t.len() != n + 1 {
+            return Err(PyTypeError::new_err(format!(
+                "command {name:?} takes {n} arguments, got {}",
+                t.len() - 1
+            )));
+        }
+        Ok(())
+    };
+    Ok(match name.as_str() {
+        "h2d" | "copy_h2d" => {
+            arity(2)?;
+            let src = b.slot(&t.get_item(1)?, false, false)?;
+            let dst = b.slot(&t.get_item(2)?, true, true)?;
+            b.same_type(src, dst, "copy_h2d")?;
+            Cmd::H2D { src, dst }
+        }
+        "d2h" | "copy_d2h" => {
+            arity(2)?;
+            let src = b.slot(&t.get_item(1)?, true, false)?;
+            let dst = b.slot(&t.get_item(2)?, false, true)?;
+            b.same_type(src, dst, "copy_d2h")?;
+            Cmd::D2H { src, dst }
+        }
+        "d2d" | "copy_d2d" => {
+            arity(2)?;
+            let src = b.slot(&t.get_item(1)?, true, false)?;
+            let dst = b.slot(&t.get_item(2)?, true, true)?;
+            if src == dst {
+                return Err(to_py(Error::Overlap {
+                    what: "copy_d2d (source and destination)",
+                }));
+            }
+            b.same_type(src, dst, "copy_d2d")?;
+            Cmd::D2D { src, dst }
+        }
+        "scale" => {
+            arity(2)?;
+            let x = b.slot(&t.get_item(1)?, true, true)?;
+            b.float32(x, "scale")?;
+            Cmd::Scale {
+                x,
+                s: t.get_item(2)?.extract()?,
+            }
+        }
+        "intensity" => {
+            arity(2)?;
+            let x = b.slot(&t.get_item(1)?, true, true)?;
+            b.float32(x, "intensity")?;
+            Cmd::Intensity {
+                x,
+                k: t.get_item(2)?.extract()?,
+            }
+        }
+        "saxpy" => {
+            arity(3)?;
+            let a: f32 = t.get_item(1)?.extract()?;
+            let x = b.slot(&t.get_item(2)?, true, false)?;
+            let y = b.slot(&t.get_item(3)?, true, true)?;
+            b.float32(x, "saxpy")?;
+            b.float32(y, "saxpy")?;
+            Cmd::Saxpy { a, x, y }
+        }
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown command {other:?}: h2d, d2h, d2d, scale, intensity, saxpy"
+            )))
+        }
+    })
+}
+
+/// Per slot, the views a batch takes (each borrowed from the bundle for the
+/// whole batch).
+enum Views<'a> {
+    HostRead(HostSlice<'a, u8>),
+    HostWrite(Option<HostSliceMut<'a, u8>>),
+    Dev(DeviceSliceMut<'a, u8>),
+}
+
+fn enqueue<'a>(
+    c: &mut host::Commands<'a>,
+    bundle: &'a mut [Slot],
+    writes: &[bool],
+    cmds: &[Cmd],
+) -> host::Result<()> {
+    let mut views: Vec<Views<'a>> = bundle
+        .iter_mut()
+        .zip(writes)
+        .map(|(s, &w)| match s {
+            Slot::Host(h) => {
+                if w {
+                    Views::HostWrite(Some(h.host_mut()))
+                } else {
+                    let h: &'a HostMem = h;
+                    Views::HostRead(h.host())
+                }
+            }
+            Slot::Dev(d) => Views::Dev(d.view_mut()),
+        })
+        .collect();
+    let bad = || Error::Internal("a batch's buffer roles are inconsistent".into());
+    let dev = |views: &[Views<'a>], i: usize| match views.get(i) {
+        Some(Views::Dev(d)) => Ok(*d),
+        _ => Err(bad()),
+    };
+    for cmd in cmds {
+        match *cmd {
+            Cmd::H2D { src, dst } => {
+                let s = match views.get(src) {
+                    Some(Views::HostRead(s)) => *s,
+                    _ => return Err(bad()),
+                };
+                c.copy_h2d(s, dev(&views, dst)?)?;
+            }
+            Cmd::D2H { src, dst } => {
+                let d = dev(&views, src)?;
+                let h = match views.get_mut(dst) {
+                    Some(Views::HostWrite(h)) => h.take().ok_or_else(bad)?,
+                    _ => return Err(bad()),
+                };
+                c.copy_d2h(d, h)?;
+            }
+            Cmd::D2D { src, dst } => c.copy_d2d(dev(&views, src)?, dev(&views, dst)?)?,
+            Cmd::Scale { x, s } => {
+                c.kernel(Kernel::Scale { s }, cast_device_mut(dev(&views, x)?)?)?
+            }
+            Cmd::Intensity { x, k } => {
+                c.kernel(Kernel::Intensity { k }, cast_device_mut(dev(&views, x)?)?)?
+            }
+            Cmd::Saxpy { a, x, y } => {
+                let xv = cast_device::<f32>(dev(&views, x)?.as_view())?;
+                c.saxpy(a, xv, cast_device_mut(dev(&views, y)?)?)?
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An in-order queue of device work (a CUDA stream, or a CPU worker).
+#[pyclass(module = "gpufeed", frozen)]
+pub struct Stream {
+    pub(crate) inner: host::Stream,
+}
+
+impl Stream {
+    fn submit_cmds(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
+        let mut b = Batch::default();
+        let cmds = commands
+            .iter()
+            .map(|c| parse_command(&mut b, &c))
+            .collect::<PyResult<Vec<_>>>()?;
+        let writes: Vec<bool> = b.meta.iter().map(|m| m.3).collect();
+        let mut bundle = take_all(py, &b.owners)?;
+        // Host buffers read only: a pinned-in-place memory can be both; the
+        // slots were typed when parsed.
+        let _ = &mut bundle;
+        let stream = self.inner.clone();
+        let job = py.detach(move || {
+            stream.run(bundle, move |c, bundle| enqueue(c, bundle, &writes, &cmds))
+        });
+        Ok(Operation::new(Pending::Batch(job), b.owners))
+    }
+}
+
+#[pymethods]
+impl Stream {
+    /// `Stream(device=None)`: a new non-blocking stream.
+    #[new]
+    #[pyo3(signature = (device=None))]
+    fn new(py: Python<'_>, device: Option<&Device>) -> PyResult<Self> {
+        let device = device_or_default(py, device)?;
+        Ok(Stream {
+            inner: host::Stream::new(&device).py()?,
+        })
+    }
+
+    /// Enqueues a batch of commands, in order, as one operation owning every
+    /// buffer they name: `("h2d", pinned, dev)`, `("d2h", dev, pinned)`,
+    /// `("d2d", src, dst)`, `("scale", dev, s)`, `("intensity", dev, k)`,
+    /// `("saxpy", a, x, y)` (kernels: float32 device arrays).
+    #[pyo3(signature = (*commands))]
+    fn submit(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
+        self.submit_cmds(py, commands)
+    }
+
+    /// Async copy of a pinned buffer to a device array (same dtype and size).
+    fn copy_h2d(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+    ) -> PyResult<Operation> {
+        let cmd = PyTuple::new(
+            py,
+            [
+                pyo3::types::PyString::new(py, "h2d").into_any(),
+                src.clone(),
+                dst.clone(),
+            ],
+        )?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// Async copy of a device array into a pinned buffer.
+    fn copy_d2h(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+    ) -> PyResult<Operation> {
+        let cmd = PyTuple::new(
+            py,
+            [
+                pyo3::types::PyString::new(py, "d2h").into_any(),
+                src.clone(),
+                dst.clone(),
+            ],
+        )?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// Async copy between two device arrays.
+    fn copy_d2d(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+    ) -> PyResult<Operation> {
+        let cmd = PyTuple::new(
+            py,
+            [
+                pyo3::types::PyString::new(py, "d2d").into_any(),
+                src.clone(),
+                dst.clone(),
+            ],
+        )?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// `x *= s` on a float32 device array (the in-tree `scale` kernel).
+    fn scale(&self, py: Python<'_>, x: &Bound<'_, PyAny>, s: f32) -> PyResult<Operation> {
+        let cmd = ("scale", x.clone(), s).into_pyobject(py)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// `k` dependent FMAs per element of a float32 device array (`intensity`).
+    fn intensity(&self, py: Python<'_>, x: &Bound<'_, PyAny>, k: u32) -> PyResult<Operation> {
+        let cmd = ("intensity", x.clone(), k).into_pyobject(py)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`).
+    fn saxpy(
+        &self,
+        py: Python<'_>,
+        a: f32,
+        x: &Bound<'_, PyAny>,
+        y: &Bound<'_, PyAny>,
+    ) -> PyResult<Operation> {
+        let cmd = ("saxpy", a, x.clone(), y.clone()).into_pyobject(py)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// Waits (GIL released) for all work queued on the stream.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.synchronize()).py()
+    }
+
+    /// The stream's device.
+    #[getter]
+    fn device(&self) -> Device {
+        Device {
+            inner: self.inner.device().clone(),
+        }
+    }
+}
+
+/// Makes a foreign CUDA stream (`torch.cuda.current_stream().cuda_stream`,
+/// `cupy.cuda.get_current_stream().ptr`) wait, on the GPU, for everything
+/// queued so far on `stream` (an event recorded on ours, waited for on
+/// theirs; the host does not wait). CUDA only.
+#[pyfunction]
+pub fn foreign_stream_wait(stream: &Stream, handle: u64) -> PyResult<()> {
+    if handle == 0 {
+        return Err(PyValueError::new_err(
+            "stream handle 0 is ambiguous (DLPack forbids it): pass 1 for the legacy default stream",
+        ));
+    }
+    // SAFETY: the handle is documented to be a live stream of the device's
+    // primary context (what PyTorch and CuPy hand out); a dead one is the
+    // caller's bug, as in those libraries' own stream APIs.
+    unsafe { host::interop::foreign_stream_wait(&stream.inner, handle) }.py()
+}
+
+/// Device-check helper for the pipeline: `Err` if `b` isn't a `PinnedBuffer`.
+pub fn pinned<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PinnedBuffer>> {
+    obj.cast::<PinnedBuffer>().cloned().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} must be a gpufeed.PinnedBuffer, got {}",
+            type_name(obj)
+        ))
+    })
+}
+
+/// The device arrays of a pipeline output, or `None` for a pinned buffer.
+pub fn device_array<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, DeviceArray>> {
+    obj.cast::<DeviceArray>().ok().cloned()
+}
+
+/// `BufferError` for a buffer given twice.
+pub fn distinct(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<()> {
+    if a.is(b) {
+        return Err(buffer_error("input and output must be different buffers"));
+    }
+    Ok(())
+}
+
+/// Default device, re-exported for the pipeline.
+pub fn default_dev(py: Python<'_>, device: Option<&Device>) -> PyResult<host::Device> {
+    device_or_default(py, device)
+}

@@ -1,0 +1,53 @@
+"""Shared fixtures: the device (CPU emulation unless a GPU is there), and the
+GPU / PyTorch / CuPy gates (skip with a reason; fail under REQUIRE_GPU=1)."""
+import os
+
+import pytest
+
+import gpufeed
+
+REQUIRE_GPU = os.environ.get("REQUIRE_GPU") == "1"
+
+
+def need(condition, reason):
+    """Skip (printing why) unless `condition`; under REQUIRE_GPU=1, fail instead."""
+    if condition:
+        return
+    if REQUIRE_GPU:
+        pytest.fail(f"REQUIRE_GPU=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def device():
+    return gpufeed.default_device()
+
+
+@pytest.fixture(scope="session")
+def cuda_device(device):
+    need(device.kind == "cuda", f"no CUDA device (running on {device.kind})")
+    return device
+
+
+@pytest.fixture(scope="session")
+def torch_cuda(cuda_device):
+    try:
+        import torch
+    except ImportError:
+        need(False, "PyTorch is not installed")
+    need(torch.cuda.is_available(), "PyTorch sees no CUDA device")
+    return torch
+
+
+@pytest.fixture(scope="session")
+def cupy_mod(cuda_device):
+    try:
+        import cupy
+    except ImportError:
+        need(False, "CuPy is not installed")
+    return cupy
+
+
+@pytest.fixture()
+def alloc(device):
+    return gpufeed.PinnedAllocator(device)

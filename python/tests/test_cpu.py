@@ -1,0 +1,363 @@
+"""gpufeed on the CPU emulation (NumPy only): the seed's PinnedAllocator flow,
+pin-in-place, the ownership rules, copies/launches/pipeline, bad input."""
+import asyncio
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import gpufeed
+
+
+def test_seed_allocator_flow(alloc):
+    buf = alloc.alloc((256, 4), np.float32)
+    arr = alloc.get_array(buf)
+    assert arr.shape == (256, 4) and arr.dtype == np.float32 and arr.flags.writeable
+    arr[:] = 7.0
+    # No copy: a second view sees the same memory.
+    again = np.asarray(buf)
+    assert again.__array_interface__["data"][0] == arr.__array_interface__["data"][0] == buf.ptr
+    assert (again == 7.0).all()
+    assert buf.exports == 2
+    del arr, again
+    assert buf.exports == 0
+    stats = alloc.stats()
+    assert stats["blocks_in_use"] >= 1 and stats["in_use_bytes"] >= buf.nbytes
+    alloc.free(buf)
+    assert buf.state == "freed"
+    assert alloc.stats()["cached_bytes"] >= 4096
+    # Reuse from the cache: a hit.
+    hits = alloc.stats()["hits"]
+    b2 = alloc.alloc((256, 4), "float32")
+    assert alloc.stats()["hits"] == hits + 1
+    b2.free()
+    alloc.empty_cache()
+    assert alloc.stats()["cached_bytes"] == 0
+    alloc.max_cached_bytes = 0
+    assert alloc.max_cached_bytes == 0
+    b3 = alloc.alloc(10)
+    b3.free()
+    assert alloc.stats()["cached_bytes"] == 0
+    alloc.max_cached_bytes = None
+    assert alloc.max_cached_bytes is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int16", "int32",
+                                   "int64", "uint8", "uint16", "uint32", "uint64"])
+def test_dtypes_round_trip_through_numpy(alloc, dtype):
+    buf = alloc.alloc(5, dtype, zero=True)
+    arr = buf.get_array()
+    assert arr.dtype == np.dtype(dtype)
+    arr[:] = np.arange(5).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(buf), np.arange(5).astype(dtype))
+
+
+def test_bfloat16_is_exported_as_raw_bits(alloc):
+    buf = alloc.alloc(3, "bfloat16")
+    assert buf.dtype == "bfloat16" and buf.get_array().dtype == np.uint16
+
+
+def test_views_block_operations_and_free(device, alloc):
+    buf = alloc.alloc(16)
+    dev = device.empty(16)
+    view = buf.get_array()
+    s = gpufeed.Stream(device)
+    with pytest.raises(BufferError, match="live view"):
+        s.copy_h2d(buf, dev)
+    with pytest.raises(BufferError, match="live view"):
+        buf.free()
+    assert buf.state == "ready" and dev.state == "ready"  # nothing was taken
+    mv = memoryview(buf)
+    del view
+    with pytest.raises(BufferError):
+        s.copy_h2d(buf, dev)
+    mv.release()
+    s.copy_h2d(buf, dev).wait()
+
+
+def test_in_flight_buffers_cannot_be_touched(device, alloc):
+    src = alloc.alloc(1 << 16)
+    src.get_array()[:] = 1.0
+    dev = device.empty(1 << 16)
+    dst = alloc.alloc(1 << 16)
+    s = gpufeed.Stream(device)
+    op = s.submit(("h2d", src, dev), ("intensity", dev, 64), ("d2h", dev, dst))
+    for b in (src, dst):
+        assert b.state == "in-flight"
+        with pytest.raises(BufferError, match="in use by an operation"):
+            memoryview(b)
+        with pytest.raises(BufferError, match="in use by an operation"):
+            b.get_array()
+        with pytest.raises(BufferError):
+            b.free()
+    with pytest.raises(BufferError):
+        dev.download()
+    with pytest.raises(BufferError):
+        s.copy_h2d(src, device.empty(1 << 16))  # already owned by `op`
+    assert op.wait() is None
+    assert op.done()
+    assert op.wait() is None  # idempotent
+    assert src.state == dst.state == dev.state == "ready"
+    out = np.asarray(dst)
+    assert out.shape == (1 << 16,) and np.isfinite(out).all()
+
+
+def test_copies_and_kernels_match_numpy(device, alloc):
+    rng = np.random.default_rng(0)
+    n = 10_001
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    hx, hy, out = alloc.alloc(n), alloc.alloc(n), alloc.alloc(n)
+    hx.get_array()[:] = x
+    hy.get_array()[:] = y
+    dx, dy = device.empty(n), device.empty(n)
+    s = gpufeed.Stream(device)
+    s.submit(("h2d", hx, dx), ("h2d", hy, dy), ("saxpy", 2.5, dx, dy),
+             ("scale", dy, 0.5), ("d2h", dy, out)).wait()
+    expect = (np.float32(2.5) * x + y) * np.float32(0.5)
+    np.testing.assert_allclose(np.asarray(out), expect, rtol=1e-6, atol=1e-6)
+    # d2d, and the single-command helpers
+    dz = device.empty(n)
+    s.copy_d2d(dx, dz).wait()
+    s.scale(dz, 2.0).wait()
+    np.testing.assert_array_equal(dz.download(), x * np.float32(2.0))
+    # pageable sync path
+    dz.upload(np.full(n, 3.0, np.float32))
+    np.testing.assert_array_equal(dz.download(), np.full(n, 3.0, np.float32))
+
+
+def test_pipeline_bit_identical_to_reference(device, alloc):
+    n = 1_000_003
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(n).astype(np.float32)
+    inp, out = alloc.alloc(n), alloc.alloc(n)
+    inp.get_array()[:] = x
+    pipe = gpufeed.Pipeline(device, streams=4)
+    for plan in (None, "auto", 7, ("uniform", 8, 4), ("engines", 12, 3)):
+        np.asarray(out)[:] = 0
+        info = pipe.run(inp, out, kernel="scale", arg=3.0, plan=plan)
+        assert set(info) == {"plan", "chunks", "streams", "layout"}
+        got = np.asarray(out)
+        assert (got.view(np.uint32) == (x * np.float32(3.0)).view(np.uint32)).all(), plan
+        del got  # a live view would block the next run
+    assert inp.state == out.state == "ready"
+
+
+def test_pipeline_to_a_device_array(device, alloc):
+    n = 50_000
+    inp = alloc.alloc(n)
+    inp.get_array()[:] = np.arange(n, dtype=np.float32)
+    dev = device.empty(n)
+    gpufeed.Pipeline(device, 3).run(inp, dev, "scale", 2.0, plan=("uniform", 5, 3))
+    np.testing.assert_array_equal(dev.download(), np.arange(n, dtype=np.float32) * 2)
+
+
+def test_pipeline_releases_the_gil(device, alloc):
+    n = 4_000_000
+    inp, out = alloc.alloc(n), alloc.alloc(n)
+    np.asarray(inp)[:] = 1.0
+    pipe = gpufeed.Pipeline(device, 4)
+    count = 0
+    stop = threading.Event()
+
+    def spin():
+        nonlocal count
+        while not stop.is_set():
+            count += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        before = count
+        pipe.run(inp, out, "intensity", 64, plan=("uniform", 8, 4))
+        during = count - before
+    finally:
+        stop.set()
+        t.join()
+    assert during > 1000, during
+
+
+def test_asyncio_await(device, alloc):
+    n = 100_000
+    inp, out = alloc.alloc(n), alloc.alloc(n)
+    np.asarray(inp)[:] = 2.0
+    pipe = gpufeed.Pipeline(device, 4)
+
+    async def main():
+        op = pipe.run_async(inp, out, "scale", 4.0)
+        info = await op
+        return info
+
+    info = asyncio.run(main())
+    assert info["chunks"] >= 1
+    assert (np.asarray(out) == 8.0).all()
+
+
+def test_pin_in_place(device):
+    x = np.arange(4096, dtype=np.float64)
+    addr = x.__array_interface__["data"][0]
+    buf = gpufeed.pin(x, device)
+    assert buf.pinned_in_place and buf.ptr == addr and buf.dtype == "float64"
+    # While `x` is reachable, Python could touch the memory: refused.
+    dev = device.empty(4096, "float64")
+    s = gpufeed.Stream(device)
+    with pytest.raises(BufferError, match="still referenced"):
+        s.copy_h2d(buf, dev)
+    with pytest.raises(ValueError):
+        x.resize(10)  # the export keeps the owner from reallocating
+    del x
+    gc.collect()
+    s.copy_h2d(buf, dev).wait()
+    np.testing.assert_array_equal(dev.download(), np.arange(4096, dtype=np.float64))
+    view = buf.get_array()
+    assert view.__array_interface__["data"][0] == addr
+    with pytest.raises(BufferError):
+        buf.unpin()
+    del view
+    back = buf.unpin()
+    assert isinstance(back, np.ndarray) and back.__array_interface__["data"][0] == addr
+    assert buf.state == "freed"
+    back.resize(10, refcheck=False)  # no export any more
+
+
+def test_pin_in_place_d2h_writes_the_original_array(device):
+    n = 1000
+    dev = device.empty(n, "int32")
+    dev.upload(np.arange(n, dtype=np.int32))
+    buf = gpufeed.pin(np.zeros(n, np.int32), device)
+    gpufeed.Stream(device).copy_d2h(dev, buf).wait()
+    np.testing.assert_array_equal(buf.unpin(), np.arange(n, dtype=np.int32))
+
+
+def test_pin_refusals(device):
+    with pytest.raises(BufferError, match="non-contiguous"):
+        gpufeed.pin(np.asfortranarray(np.zeros((10, 10), np.float32)), device)
+    ro = np.zeros(10, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only"):
+        gpufeed.pin(ro, device)
+    with pytest.raises(BufferError, match="read-only"):
+        gpufeed.pin(b"bytes are immutable", device)
+    base = np.zeros(100, np.float32)
+    with pytest.raises(BufferError, match="view of another array"):
+        gpufeed.pin(base[10:20], device)
+    with pytest.raises(BufferError, match="memoryview"):
+        gpufeed.pin(memoryview(bytearray(10)), device)
+    with pytest.raises(TypeError, match="buffer"):
+        gpufeed.pin([1, 2, 3], device)
+    with pytest.raises(TypeError, match="unsupported element type"):
+        gpufeed.pin(np.zeros(3, np.complex64), device)
+    # A bytearray works (any buffer-protocol object).
+    ba = gpufeed.pin(bytearray(100), device)
+    assert ba.dtype == "uint8" and ba.nbytes == 100
+    ba.free()
+
+
+def test_dropped_operation_releases_at_completion(device, alloc):
+    buf = alloc.alloc(1 << 20)
+    dev = device.empty(1 << 20)
+    op = gpufeed.Stream(device).copy_h2d(buf, dev)
+    del op
+    gc.collect()
+    device.synchronize()
+    # Either handed back (finished before the drop) or released by the device's completion.
+    assert buf.state in ("ready", "freed")
+    if buf.state == "freed":
+        with pytest.raises(BufferError, match="dropped before wait"):
+            buf.get_array()
+
+
+def test_dlpack_host_exports(alloc):
+    buf = alloc.alloc((3, 4), "float32")
+    np.asarray(buf)[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert buf.__dlpack_device__() == (1, 0)
+    t = np.from_dlpack(buf)
+    assert t.shape == (3, 4) and t.__array_interface__["data"][0] == buf.ptr
+    assert buf.exports == 1
+    with pytest.raises(BufferError):
+        buf.free()
+    del t
+    assert buf.exports == 0
+    buf.dlpack_device = "cuda_host"
+    assert buf.__dlpack_device__() == (3, 0)
+    # NumPy accepts kDLCUDAHost (see FACTS); the versioned capsule too.
+    t = np.from_dlpack(buf)
+    assert t[2, 3] == 11
+    del t
+    cap = buf.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(cap)
+    del cap
+    gc.collect()
+    assert buf.exports == 0
+    with pytest.raises(BufferError, match="copy"):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(BufferError):
+        buf.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(ValueError):
+        buf.dlpack_device = "gpu"
+
+
+def test_device_interop_is_refused_on_the_cpu_emulation(device):
+    if device.kind != "cpu":
+        pytest.skip("CPU emulation only")
+    dev = device.empty(10)
+    with pytest.raises(BufferError, match="CPU emulation"):
+        dev.__cuda_array_interface__
+    with pytest.raises(BufferError, match="CPU emulation"):
+        dev.__dlpack__()
+    with pytest.raises(gpufeed.BackendUnavailableError):
+        gpufeed.as_device_array(np.zeros(3), device)
+
+
+def test_bad_input(device, alloc):
+    s = gpufeed.Stream(device)
+    a, dev = alloc.alloc(10), device.empty(11)
+    with pytest.raises(gpufeed.LengthMismatchError) as e:
+        s.copy_h2d(a, dev)
+    assert e.value.kind == "LengthMismatch" and "length mismatch" in str(e.value)
+    assert isinstance(e.value, gpufeed.GpuFeedError) and isinstance(e.value, RuntimeError)
+    with pytest.raises(TypeError, match="float64"):
+        s.copy_h2d(a, device.empty(10, "float64"))
+    with pytest.raises(TypeError, match="PinnedBuffer"):
+        s.copy_h2d(np.zeros(10, np.float32), device.empty(10))
+    with pytest.raises(TypeError, match="DeviceArray"):
+        s.copy_h2d(a, alloc.alloc(10))
+    with pytest.raises(TypeError, match="float32"):
+        s.scale(device.empty(10, "int32"), 2.0)
+    with pytest.raises(gpufeed.OverlapError):
+        s.copy_d2d(dev, dev)
+    with pytest.raises(ValueError, match="unknown command"):
+        s.submit(("frobnicate", dev))
+    with pytest.raises(TypeError):
+        s.submit(("scale", dev))
+    with pytest.raises(TypeError, match="dtype"):
+        alloc.alloc(10, "complex128")
+    with pytest.raises(TypeError, match="shape"):
+        alloc.alloc("ten")
+    with pytest.raises(ValueError, match="overflows"):
+        alloc.alloc((1 << 40, 1 << 40))
+    with pytest.raises(gpufeed.InvalidArgumentError, match="unknown backend"):
+        gpufeed.Device("tpu")
+    pipe = gpufeed.Pipeline(device, 2)
+    inp, out = alloc.alloc(100), alloc.alloc(99)
+    with pytest.raises(gpufeed.LengthMismatchError):
+        pipe.run(inp, out)
+    assert inp.state == out.state == "ready"  # handed back on error
+    with pytest.raises(gpufeed.InvalidArgumentError):
+        pipe.run(inp, alloc.alloc(100), plan=("uniform", 4, 8))  # more streams than the pipeline's
+    with pytest.raises(BufferError, match="different"):
+        pipe.run(inp, inp)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        pipe.run(inp, alloc.alloc(100), kernel="relu")
+    with pytest.raises(TypeError, match="float32"):
+        pipe.run(alloc.alloc(100, "float64"), alloc.alloc(100, "float64"))
+    with pytest.raises(gpufeed.InvalidArgumentError):
+        gpufeed.compare_sync_async(0)
+    with pytest.raises(gpufeed.InvalidArgumentError):
+        gpufeed.Pipeline(device, 0)
+
+
+def test_compare_sync_async():
+    r = gpufeed.compare_sync_async(200_000)
+    assert r["correct"] is True and r["sync_ms"] > 0 and r["async_ms"] > 0

@@ -1,0 +1,143 @@
+"""GPU tests (CUDA, PyTorch, CuPy): skipped with the reason printed when those
+are absent; with REQUIRE_GPU=1 they fail instead. Zero-copy (same pointer on
+both sides), stream ordering, results bit-identical to a CPU reference."""
+import numpy as np
+import pytest
+
+import gpufeed
+
+N = 1 << 22
+
+
+def random_f32(n, seed=0):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_pinned_buffer_zero_copy_to_torch(cuda_device, torch_cuda):
+    torch = torch_cuda
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    buf = alloc.alloc(1000)
+    np.asarray(buf)[:] = np.arange(1000, dtype=np.float32)
+    t = torch.from_dlpack(buf)  # kDLCPU
+    assert t.device.type == "cpu" and t.data_ptr() == buf.ptr
+    assert t.is_pinned()
+    # non_blocking H2D from our pinned memory
+    g = t.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(g.cpu(), torch.arange(1000, dtype=torch.float32))
+    with pytest.raises(BufferError):
+        buf.free()  # torch holds a view
+    del t
+    buf.free()
+
+
+def test_device_array_zero_copy_both_libraries(cuda_device, torch_cuda, cupy_mod):
+    torch, cupy = torch_cuda, cupy_mod
+    x = random_f32(N)
+    dev = cuda_device.empty(N)
+    dev.upload(x)
+    t = torch.from_dlpack(dev)
+    assert t.is_cuda and t.data_ptr() == dev.ptr
+    assert np.array_equal(t.cpu().numpy(), x)
+    c = cupy.from_dlpack(dev)
+    assert c.data.ptr == dev.ptr
+    assert np.array_equal(cupy.asnumpy(c), x)
+    with pytest.raises(BufferError, match="DLPack"):
+        dev.free()
+    del t, c
+    import gc
+
+    gc.collect()
+    dev.free()
+    # __cuda_array_interface__ (uncounted: the array is shared for good)
+    dev2 = cuda_device.empty(16)
+    c2 = cupy.asarray(dev2)
+    assert c2.data.ptr == dev2.ptr
+    with pytest.raises(BufferError, match="__cuda_array_interface__"):
+        gpufeed.Stream(cuda_device).scale(dev2, 2.0)
+
+
+def test_torch_tensor_as_pipeline_output_written_in_place(cuda_device, torch_cuda):
+    torch = torch_cuda
+    x = random_f32(N, 1)
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    inp = alloc.alloc(N)
+    np.asarray(inp)[:] = x
+    t = torch.full((N,), -1.0, device="cuda")  # pending work on torch's stream
+    out = gpufeed.as_device_array(t, cuda_device)
+    assert out.is_foreign and out.ptr == t.data_ptr()
+    gpufeed.Pipeline(cuda_device, 4).run(inp, out, "scale", 3.0)
+    # A consumer on another stream reads the finished result.
+    s2 = torch.cuda.Stream()
+    with torch.cuda.stream(s2):
+        y = t.clone()
+    s2.synchronize()
+    got = y.cpu().numpy()
+    assert (got.view(np.uint32) == (x * np.float32(3.0)).view(np.uint32)).all()
+
+
+def test_cupy_array_as_pipeline_output(cuda_device, cupy_mod):
+    cupy = cupy_mod
+    x = random_f32(N, 2)
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    inp = alloc.alloc(N)
+    np.asarray(inp)[:] = x
+    c = cupy.zeros(N, dtype=cupy.float32)
+    out = gpufeed.as_device_array(c, cuda_device)
+    assert out.ptr == c.data.ptr
+    gpufeed.Pipeline(cuda_device, 4).run(inp, out, "scale", 0.5)
+    assert (cupy.asnumpy(c).view(np.uint32) == (x * np.float32(0.5)).view(np.uint32)).all()
+
+
+def test_foreign_stream_waits_for_our_work(cuda_device, torch_cuda):
+    torch = torch_cuda
+    n = 1 << 24
+    t = torch.ones(n, device="cuda")
+    torch.cuda.synchronize()
+    arr = gpufeed.as_device_array(t, cuda_device)
+    ours = gpufeed.Stream(cuda_device)
+    op = ours.submit(("intensity", arr, 512), ("scale", arr, 2.0))  # slow, in flight
+    theirs = torch.cuda.Stream()
+    gpufeed.foreign_stream_wait(ours, theirs.cuda_stream)
+    with torch.cuda.stream(theirs):
+        y = t.clone()  # ordered after our kernels on the GPU, not by the host
+    op.wait()
+    theirs.synchronize()
+    assert torch.equal(y, t)
+    assert float(y[0]) != 1.0
+
+
+def test_pipeline_bit_identical_on_random_inputs(cuda_device):
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    pipe = gpufeed.Pipeline(cuda_device, 4)
+    for seed, n in enumerate([1, 4097, 1_000_003, 10_000_000]):
+        x = random_f32(n, seed)
+        inp, out = alloc.alloc(n), alloc.alloc(n)
+        np.asarray(inp)[:] = x
+        for plan in (None, ("uniform", 8, 4), ("engines", 12, 3)):
+            if n < 12 and plan is not None:
+                continue
+            pipe.run(inp, out, "scale", 1.75, plan=plan)
+            got = np.asarray(out)
+            assert (got.view(np.uint32) == (x * np.float32(1.75)).view(np.uint32)).all(), (n, plan)
+            del got
+        inp.free()
+        out.free()
+
+
+def test_pin_in_place_on_cuda(cuda_device):
+    x = random_f32(N, 3)
+    ref = x.copy()
+    buf = gpufeed.pin(x, cuda_device)
+    del x
+    dev = cuda_device.empty(N)
+    back = cuda_device.empty(N)
+    out = gpufeed.pin(np.zeros(N, np.float32), cuda_device)
+    gpufeed.Stream(cuda_device).submit(("h2d", buf, dev), ("d2d", dev, back), ("d2h", back, out)).wait()
+    assert np.array_equal(out.unpin(), ref)
+    assert np.array_equal(buf.unpin(), ref)
+
+
+def test_compare_sync_async_on_cuda(cuda_device):
+    r = gpufeed.compare_sync_async(10_000_000, cuda_device)
+    assert r["correct"] and r["backend"] == "cuda"
