@@ -7,6 +7,10 @@
 # environment:
 #   HOST_JSON       our results (peer "host-rust", same schema); if set,
 #                   compare.py writes OUTDIR/comparison.json
+#   HOST_SMALL_JSON our small_transfers.json (`host small-transfers`); if set,
+#                   compare_small.py writes OUTDIR/comparison-small.json
+#   SMALL           0 skips the small-transfer peer (torch_small.py, under a
+#                   minute; writes OUTDIR/pytorch-small.json); default 1
 #   REPS            timed runs per configuration for scale (default 20)
 #   INTENSITY_REPS  timed runs per configuration for intensity (default 10:
 #                   eager PyTorch makes 2k passes over the data per run, about
@@ -18,8 +22,9 @@
 #                   100000000 / 1,64,1024 / 4,8,16,32 / 2,4)
 #
 # Writes OUTDIR/cuda-cpp.json, OUTDIR/pytorch.json (and comparison.json),
-# plus a .log per peer. Exit status 1 if a peer failed its verification or
-# did not run; the other peer still runs.
+# OUTDIR/pytorch-small.json (and comparison-small.json), plus a .log per peer.
+# Exit status 1 if a peer failed its verification or did not run; the other
+# peers still run.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,7 +33,7 @@ OUTDIR=""
 for arg in "$@"; do
     case "$arg" in
         --intensity) INTENSITY=1 ;;
-        -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "${BASH_SOURCE[0]}"; exit 0 ;;
         -*) echo "error: unknown option $arg" >&2; exit 64 ;;
         *)
             if [[ -n "$OUTDIR" ]]; then echo "error: more than one OUTDIR" >&2; exit 64; fi
@@ -52,6 +57,7 @@ INTENSITY_SIZES=${INTENSITY_SIZES:-100000000}
 KS=${KS:-1,64,1024}
 CHUNKS=${CHUNKS:-4,8,16,32}
 STREAMS=${STREAMS:-2,4}
+SMALL=${SMALL:-1}
 
 echo "== peers -> $OUTDIR"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -119,6 +125,22 @@ if [[ -n "${HOST_JSON:-}" ]]; then
     rc=0
     "$PYTHON" "$HERE/compare.py" "${inputs[@]}" --out "$OUTDIR/comparison.json" || rc=$?
     [[ $rc -eq 0 ]] || FAILED+=("compare (exit $rc)")
+fi
+
+if [[ $SMALL -eq 1 ]]; then
+    rc=0
+    echo "== pytorch: small transfers"
+    rm -f "$OUTDIR/pytorch-small.json"
+    "$PYTHON" "$HERE/torch_small.py" --out "$OUTDIR/pytorch-small.json" 2>&1 |
+        tee "$OUTDIR/pytorch-small.log" || rc=$?
+    [[ $rc -eq 0 ]] || FAILED+=("pytorch/small (exit $rc)")
+    if [[ -n "${HOST_SMALL_JSON:-}" && -f "$OUTDIR/pytorch-small.json" ]]; then
+        echo "== compare small transfers"
+        rc=0
+        "$PYTHON" "$HERE/compare_small.py" "$HOST_SMALL_JSON" "$OUTDIR/pytorch-small.json" \
+            --out "$OUTDIR/comparison-small.json" || rc=$?
+        [[ $rc -eq 0 ]] || FAILED+=("compare small (exit $rc)")
+    fi
 fi
 
 echo "== done in ${SECONDS}s; files in $OUTDIR"

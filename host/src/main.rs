@@ -56,6 +56,24 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         samples: usize,
     },
+    /// Small copies (4 KiB to 4 MiB), one and 64 in flight, both directions:
+    /// run_sync, awaited and raw driver copies, in copies per second and GB/s.
+    SmallTransfers {
+        /// Timed rounds per mode, size and direction (default: 11 on a GPU,
+        /// 3 on the CPU emulation).
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Bytes per copy, comma-separated, multiples of 8 (default:
+        /// 4 KiB, 64 KiB, 256 KiB, 1 MiB, 4 MiB; up to 1 MiB on the CPU emulation).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<usize>>,
+    },
+    /// The machine's devices: PCIe links, NUMA nodes, peer access.
+    Topology,
+    /// Several devices: copies per device alone and all at once, one array
+    /// spread over all of them, peer copies, NUMA placement. On the CPU
+    /// emulation, HOST_CPU_DEVICES devices (at least two).
+    MultiGpu,
     /// compare_sync_async for the given sizes (floats).
     Compare {
         #[arg(long, value_delimiter = ',', default_value = "10000000,100000000")]
@@ -162,6 +180,14 @@ fn run(cli: Cli) -> host::Result<()> {
             demo::bandwidth(&device, max_mib << 20, &[64 << 20, 1 << 30], &out)
         }
         Cmd::Latency { samples } => demo::latency(&opts, samples, &out),
+        Cmd::SmallTransfers { rounds, sizes } => demo::small::part(
+            &rt,
+            &device,
+            &demo::small::Config::for_device(&device, false).with(rounds, sizes),
+            &out,
+        ),
+        Cmd::Topology => demo::topology(&opts, &out),
+        Cmd::MultiGpu => rt.block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {
             let kernel = k.map_or(host::Kernel::Scale { s: 1.5 }, |k| {
                 host::Kernel::Intensity { k }

@@ -340,17 +340,18 @@ fn memlock_limit() -> String {
 }
 
 /// Raw driver copies through cudarc's `sys` layer, for the "within 2% of the
-/// driver" comparison. Allocates its own memory with the driver.
-mod raw {
+/// driver" comparison. Allocates its own memory with the driver. The
+/// small-transfer part (`small.rs`) issues its own loops over the same handles.
+pub(crate) mod raw {
     use cudarc::driver::sys;
     use std::time::Instant;
 
     pub struct Raw {
         _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
-        stream: sys::CUstream,
+        pub(crate) stream: sys::CUstream,
     }
 
-    fn check(r: sys::CUresult, call: &'static str) -> host::Result<()> {
+    pub(crate) fn check(r: sys::CUresult, call: &'static str) -> host::Result<()> {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
@@ -421,9 +422,9 @@ mod raw {
     }
 
     pub struct Buffers {
-        host: *mut std::ffi::c_void,
-        dev: sys::CUdeviceptr,
-        bytes: usize,
+        pub(crate) host: *mut std::ffi::c_void,
+        pub(crate) dev: sys::CUdeviceptr,
+        pub(crate) bytes: usize,
     }
 
     impl Drop for Buffers {

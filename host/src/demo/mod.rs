@@ -3,6 +3,7 @@
 pub mod bandwidth;
 pub mod bytes;
 pub mod compare;
+pub mod devices;
 pub mod fmt;
 pub mod kernels;
 pub mod latency;
@@ -11,6 +12,7 @@ pub mod pipeline;
 pub mod plots;
 pub mod ptx;
 pub mod report;
+pub mod small;
 
 use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -219,6 +221,28 @@ pub async fn timeline(
     Ok(())
 }
 
+/// The devices the multi-device parts use: every device of the backend; on
+/// the CPU emulation at least two emulated ones.
+fn all_devices(opts: &DeviceOptions) -> host::Result<Vec<Device>> {
+    let mut opts = *opts;
+    opts.emulated_devices = opts.emulated_devices.max(2);
+    Device::all(opts)
+}
+
+/// `host topology`.
+pub fn topology(opts: &DeviceOptions, out: &Path) -> host::Result<()> {
+    let devices = all_devices(opts)?;
+    let t = devices::topology(&devices)?;
+    devices::print_topology(&t);
+    write_json(&out.join("topology.json"), &t)
+}
+
+/// `host multi-gpu`.
+pub async fn multi_gpu(opts: &DeviceOptions, small: bool, out: &Path) -> host::Result<()> {
+    let devices = all_devices(opts)?;
+    devices::run(&devices, small, out).await.map(|_| ())
+}
+
 /// `host bandwidth`.
 pub fn bandwidth(
     device: &Device,
@@ -306,6 +330,8 @@ pub fn full(
     }
     std::fs::create_dir_all(out)?;
     println!("results go to {}", out.display());
+    println!("\n== devices: PCIe links, NUMA nodes, peer access");
+    topology(opts, out)?;
     if device.kind() == BackendKind::Cpu {
         println!("\n== kernels: the Rust kernels against a CPU reference");
         println!("   (the emulation runs their bodies on CPU threads; the PTX is built but not run: `host ptx`)");
@@ -317,6 +343,8 @@ pub fn full(
     bandwidth(device, scale.bandwidth_max, &scale.alloc_sizes, out)?;
     println!("\n== streams and events as futures");
     latency(opts, scale.latency_samples, out)?;
+    println!("\n== small transfers: 4 KiB to 4 MiB copies, one and 64 in flight");
+    small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);
     let pipe = Pipeline::new(device, 8)?;
     println!("\n== overlap");
@@ -347,6 +375,8 @@ pub fn full(
         small_sizes,
         out,
     ))?;
+    println!("\n== several devices: each alone and all at once, one array spread over all of them");
+    rt.block_on(multi_gpu(opts, small, out))?;
     let s = pool.stats();
     let w = fmt::Words::of(device);
     println!(
