@@ -42,7 +42,14 @@ san() {  # tool, test name, extra args
   grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
 }
 note "compute-sanitizer memcheck"
-for t in soundness random_api cancellation; do san memcheck "$t" --leak-check full; done
+for t in soundness random_api cancellation multi_device device_memory; do san memcheck "$t" --leak-check full; done
+
+note "python: the gpufeed wheel, pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
+site=/tmp/gpufeed-site
+rm -rf "$site"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/gpufeed-*.whl > "$R/logs/python-install.log" 2>&1 || { fail=1; note "WHEEL INSTALL FAILED"; }
+PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
+tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
 
 if [ "$mode" = full ]; then
   note "synccheck / racecheck"
@@ -52,8 +59,12 @@ if [ "$mode" = full ]; then
   .gpu/bin/host --out-dir "$R/demo" > "$R/logs/demo.log" 2>&1 || { fail=1; note "DEMO FAILED"; }
   tail -3 "$R/logs/demo.log" | tee -a "$R/logs/summary.log"
   note "peers"
-  HOST_JSON="$R/demo/host-rust.json" timeout 400 bash bench/peers/run_peers.sh "$R/peers" > "$R/logs/peers.log" 2>&1 || { fail=1; note "PEERS FAILED"; }
+  HOST_JSON="$R/demo/host-rust.json" HOST_SMALL_JSON="$R/demo/small_transfers.json" timeout 400 bash bench/peers/run_peers.sh "$R/peers" > "$R/logs/peers.log" 2>&1 || { fail=1; note "PEERS FAILED"; }
   rm -f "$R/peers/cuda_pipeline"
+  note "python: pipeline from Python vs the same from Rust (same call), the PyTorch peer, GIL, pinned vs pageable"
+  .gpu/bin/host --out-dir "$R/py-rust" compare --sizes 10000000,100000000 --reps 10 > "$R/logs/py-rust-compare.log" 2>&1 || { fail=1; note "RUST COMPARE FAILED"; }
+  PYTHONPATH="$site" timeout 400 python3 python/bench/bench.py "$R/python-bench.json" --sizes 10000000 100000000 --reps 10 > "$R/logs/python-bench.log" 2>&1 || { fail=1; note "PYTHON BENCH FAILED"; }
+  tail -20 "$R/logs/python-bench.log" >> "$R/logs/summary.log"
   note "load"
   .gpu/bin/host --out-dir "$R/load" load --seconds 40 > "$R/logs/load.log" 2>&1 || { fail=1; note "LOAD FAILED"; }
   tail -3 "$R/logs/load.log" | tee -a "$R/logs/summary.log"
