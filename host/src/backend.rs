@@ -251,4 +251,8 @@ pub(crate) trait RawStream: Send + Sync {
     fn marker(&self, timing: bool) -> Result<RawEvent>;
     /// Makes later work on this stream wait for `event`.
     fn wait(&self, event: &RawEvent) -> Result<()>;
+    /// Blocks the calling thread until everything queued on this stream so
+    /// far has finished, in the driver's own wait where there is one
+    /// (`cuStreamSynchronize`: no event, no completion thread).
+    fn synchronize_in_driver(&self) -> Result<()>;
 }

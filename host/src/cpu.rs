@@ -495,6 +495,10 @@ impl RawStream for CpuStream {
         self.record(timing)
     }
 
+    fn synchronize_in_driver(&self) -> Result<()> {
+        self.record(false)?.completion.block()
+    }
+
     fn wait(&self, event: &RawEvent) -> Result<()> {
         let c = event.completion.clone();
         // A wait always waits, even on a stream that has failed: later points of

@@ -1139,6 +1139,14 @@ impl RawStream for CudaStream {
         })
     }
 
+    fn synchronize_in_driver(&self) -> Result<()> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        // SAFETY: our stream, alive while self is.
+        let r = unsafe { sys::cuStreamSynchronize(self.stream.0) };
+        self.shared.check("cuStreamSynchronize", r)
+    }
+
     fn wait(&self, event: &RawEvent) -> Result<()> {
         self.shared.usable()?;
         // Any thread may enqueue (tokio workers, watchers): make the context current.

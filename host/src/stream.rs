@@ -340,8 +340,8 @@ impl Stream {
 
     /// The synchronous twin of [`Stream::run`]: enqueues the commands `f`
     /// issues against `bundle`, then blocks the calling thread in the
-    /// driver's own wait (`cuEventSynchronize` on CUDA; no completion thread
-    /// involved) until the GPU is done, and hands the bundle back. For
+    /// driver's own wait (`cuStreamSynchronize` on CUDA; no completion
+    /// thread involved) until the GPU is done, and hands the bundle back. For
     /// synchronous code only: never call it on an executor thread.
     ///
     /// # Errors
@@ -374,13 +374,10 @@ impl Stream {
                 .and_then(|()| self.raw.record(false))
                 .and_then(|raw| raw.completion.block())
         } else {
-            self.raw.marker(false).and_then(|raw| {
-                Event {
-                    raw,
-                    device: self.device.clone(),
-                }
-                .synchronize_in_driver()
-            })
+            // The driver's own stream wait: no event to record, no thread
+            // hand-off.
+            crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
+                .and_then(|()| self.raw.synchronize_in_driver())
         };
         match (waited, outcome) {
             (Ok(()), Ok(v)) => Ok((bundle, v)),
