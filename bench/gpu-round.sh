@@ -5,6 +5,7 @@
 #   bash bench/gpu-round.sh quick   GPU test suite (REQUIRE_GPU=1), examples, and
 #                                   compute-sanitizer memcheck on the soundness,
 #                                   randomized-API and cancellation suites
+#   bash bench/gpu-round.sh bench   only what full adds to quick (below)
 #   bash bench/gpu-round.sh full    the same, then the full demonstration, the peers
 #                                   (CUDA C++, PyTorch), a 40 s load test, and
 #                                   synccheck / racecheck on the soundness suite
@@ -21,6 +22,20 @@ note() { echo "== $*" | tee -a "$R/logs/summary.log"; }
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$R/logs/gpu.txt" 2>&1
 git rev-parse HEAD > "$R/logs/commit.txt" 2>/dev/null || true
 
+site=/tmp/gpufeed-site
+rm -rf "$site"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/gpufeed-*.whl > "$R/logs/python-install.log" 2>&1 || { fail=1; note "WHEEL INSTALL FAILED"; }
+
+san() {  # tool, test name, extra args
+  local tool=$1 t=$2; shift 2
+  local exe; exe=$(ls .gpu/tests/"$t"-* 2>/dev/null | head -1)
+  [ -n "$exe" ] || { note "no test executable for $t"; fail=1; return; }
+  REQUIRE_GPU=1 RANDOM_API_STEPS=${RANDOM_API_STEPS:-150} timeout 400 \
+    compute-sanitizer --tool "$tool" "$@" --error-exitcode 9 "$exe" --include-ignored --test-threads=1 \
+    > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
+  grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
+}
+if [ "$mode" != bench ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
@@ -32,26 +47,15 @@ for e in .gpu/examples/*; do
   timeout 120 "$e" > "$R/logs/$n.log" 2>&1 || { fail=1; note "EXAMPLE $n FAILED"; }
 done
 
-san() {  # tool, test name, extra args
-  local tool=$1 t=$2; shift 2
-  local exe; exe=$(ls .gpu/tests/"$t"-* 2>/dev/null | head -1)
-  [ -n "$exe" ] || { note "no test executable for $t"; fail=1; return; }
-  REQUIRE_GPU=1 RANDOM_API_STEPS=${RANDOM_API_STEPS:-150} timeout 400 \
-    compute-sanitizer --tool "$tool" "$@" --error-exitcode 9 "$exe" --include-ignored --test-threads=1 \
-    > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
-  grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
-}
 note "compute-sanitizer memcheck"
 for t in soundness random_api cancellation multi_device device_memory; do san memcheck "$t" --leak-check full; done
 
 note "python: the gpufeed wheel, pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
-site=/tmp/gpufeed-site
-rm -rf "$site"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/gpufeed-*.whl > "$R/logs/python-install.log" 2>&1 || { fail=1; note "WHEEL INSTALL FAILED"; }
 PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
 tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
+fi
 
-if [ "$mode" = full ]; then
+if [ "$mode" != quick ]; then
   note "synccheck / racecheck"
   san synccheck soundness
   san racecheck soundness
