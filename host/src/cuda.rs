@@ -296,6 +296,9 @@ impl Drop for Shared {
         // Every stream holds an Arc<Shared> too: no work is left to wait for,
         // so even a watcher thread may free here.
         self.free_parked_now();
+        // The memory pool and its stream go while the context is still
+        // retained (`ctx`, a field, is released after this body).
+        drop(self.ordered.take());
         for list in &self.free_events {
             for e in lock(list).drain(..) {
                 // SAFETY: the event is ours and unused (see above).
