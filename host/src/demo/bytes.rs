@@ -126,16 +126,20 @@ struct File<'a> {
 }
 
 /// The plans each variant tries (the best is kept): the engines layout over
-/// a range of chunk counts, two round-robin plans, and [`Plan::auto`].
+/// a range of chunk counts, plain and ramped (small first chunks: a shorter
+/// fill), with 4 and 8 chunk buffers; two round-robin plans; [`Plan::auto`].
 fn plans(n: usize, small: bool) -> Vec<Plan> {
     let counts: &[usize] = if small {
         &[4, 16]
     } else {
         &[8, 12, 16, 24, 32, 48, 64, 96]
     };
+    let ramped: &[usize] = if small { &[] } else { &[16, 24, 32, 48, 64] };
     let mut v: Vec<Plan> = counts
         .iter()
         .map(|&c| Plan::engines(c, 4))
+        .chain(ramped.iter().map(|&c| Plan::engines(c, 4).ramped()))
+        .chain(ramped.iter().map(|&c| Plan::engines(c, 8)))
         .chain([Plan::uniform(16, 4), Plan::uniform(32, 4)])
         .filter(|p| p.chunks <= n)
         .collect();
