@@ -68,7 +68,7 @@ impl MultiPipeline {
     }
 
     /// The element range each device takes of `n`: contiguous parts in
-    /// device order, as equal as [`PART_ALIGN`]-element steps allow (the
+    /// device order, as equal as 64-element steps allow (the
     /// last takes the remainder; a part may be empty when `n` is small).
     pub fn parts(&self, n: usize) -> Vec<Range<usize>> {
         split(n, self.pipes.len())
