@@ -440,7 +440,8 @@ unsafe impl Send for EventHandle {}
 unsafe impl Sync for EventHandle {}
 impl EventHandle {
     /// `cuEventSynchronize` on the calling thread: the baseline the watcher's
-    /// wake-up is measured against.
+    /// wake-up is measured against (a benchmark hook).
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     pub(crate) fn synchronize(&self) -> Result<()> {
         // SAFETY: the event is alive while &self is.
         let r = unsafe { sys::cuEventSynchronize(self.ev) };

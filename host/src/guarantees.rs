@@ -175,3 +175,14 @@
 //! });
 //! # Ok(()) }
 //! ```
+//!
+//! # 10. A pipeline's arrays are described by the library only
+//! [`Arrays`](crate::Arrays) is sealed: the pipeline copies to and from the
+//! addresses an implementation reports, so one written outside the crate
+//! could report memory it does not own (a buffer already freed). A run with
+//! no host outputs keeps its device memory alive with
+//! [`KeepAlive`](crate::KeepAlive) instead.
+//! ```compile_fail,E0277
+//! struct MyArrays(Vec<f32>);
+//! impl host::Arrays for MyArrays {}
+//! ```

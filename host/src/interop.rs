@@ -372,8 +372,3 @@ pub unsafe fn synchronize_foreign_stream(device: &Device, foreign: u64) -> Resul
         .result()
         .map_err(drv)
 }
-
-/// The opaque erased array of [`crate::Arrays`], so a binding can implement
-/// `Arrays` for a run's side that has no host arrays (a device output written
-/// in place by the stage): return empty vectors.
-pub use crate::pipeline::ErasedArray;

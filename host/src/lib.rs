@@ -75,7 +75,8 @@ pub use memory::{
 pub use multi::{MultiJob, MultiPipeline};
 pub use numa::online_nodes;
 pub use pipeline::{
-    Arrays, Chunk, ChunkEvents, Layout, PinnedArray, Pipeline, Plan, RunInfo, AUTO_CHUNK_COST_BYTES,
+    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo,
+    AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use stream::{Commands, Event, Job, Mark, Stream};

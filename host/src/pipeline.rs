@@ -393,7 +393,11 @@ fn erase_destination<A: PinnedArray>(a: &mut A) -> Erased {
 
 /// The host arrays of a run: a tuple of one to four [`PinnedArray`]s,
 /// whose element types may differ.
-pub trait Arrays: Send + 'static {
+///
+/// Sealed: implemented by this crate only (for tuples of [`PinnedArray`]s and
+/// [`KeepAlive`]), since the pipeline copies to and from the addresses these
+/// report.
+pub trait Arrays: Send + 'static + sealed::Sealed {
     #[doc(hidden)]
     fn sources(&self) -> Vec<ErasedArray>;
     #[doc(hidden)]
@@ -405,8 +409,32 @@ pub trait Arrays: Send + 'static {
 #[derive(Clone, Copy)]
 pub struct ErasedArray(Erased);
 
+mod sealed {
+    /// Only this crate's [`super::Arrays`] implementations.
+    pub trait Sealed {}
+}
+
+/// No host arrays, only something a run must keep alive until its work is
+/// done: the outputs of a run whose stage writes device memory of its own
+/// (given to the stage as views) instead of host arrays. Nothing is copied
+/// out; the job hands `T` back with the inputs.
+#[derive(Debug)]
+pub struct KeepAlive<T>(pub T);
+
+impl<T: Send + 'static> sealed::Sealed for KeepAlive<T> {}
+
+impl<T: Send + 'static> Arrays for KeepAlive<T> {
+    fn sources(&self) -> Vec<ErasedArray> {
+        Vec::new()
+    }
+    fn destinations(&mut self) -> Vec<ErasedArray> {
+        Vec::new()
+    }
+}
+
 macro_rules! arrays {
     ($($t:ident $i:tt),*) => {
+        impl<$($t: PinnedArray),*> sealed::Sealed for ($($t,)*) {}
         impl<$($t: PinnedArray),*> Arrays for ($($t,)*) {
             fn sources(&self) -> Vec<ErasedArray> {
                 vec![$(ErasedArray(erase_source(&self.$i))),*]

@@ -108,10 +108,6 @@ impl Event {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn synchronize_direct(&self) -> Result<()> {
-        self.synchronize_in_driver()
-    }
-
-    fn synchronize_in_driver(&self) -> Result<()> {
         crate::completion::refuse_blocking_on_completion_thread("a blocking wait")?;
         match &self.raw.timer {
             crate::backend::Timer::Cuda(h) => h.synchronize(),

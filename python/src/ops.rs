@@ -68,16 +68,7 @@ pub fn take_all(py: Python<'_>, owners: &[Owner]) -> PyResult<Vec<Slot>> {
 
 /// A device-array output of a pipeline run: owned by the run's job, written
 /// by the stage through raw views (it has no host side to copy out).
-pub struct DevOut(pub DevMem);
-
-impl host::Arrays for DevOut {
-    fn sources(&self) -> Vec<host::interop::ErasedArray> {
-        Vec::new()
-    }
-    fn destinations(&mut self) -> Vec<host::interop::ErasedArray> {
-        Vec::new()
-    }
-}
+pub type DevOut = host::KeepAlive<DevMem>;
 
 /// The job behind an operation.
 pub enum Pending {
@@ -283,12 +274,65 @@ impl Drop for Operation {
 /// One command of a batch, over slot indices.
 #[derive(Clone, Copy, Debug)]
 enum Cmd {
-    H2D { src: usize, dst: usize },
-    D2H { src: usize, dst: usize },
-    D2D { src: usize, dst: usize },
-    Scale { x: usize, s: f32 },
-    Intensity { x: usize, k: u32 },
-    Saxpy { a: f32, x: usize, y: usize },
+    H2D {
+        src: usize,
+        dst: usize,
+    },
+    D2H {
+        src: usize,
+        dst: usize,
+    },
+    D2D {
+        src: usize,
+        dst: usize,
+    },
+    Scale {
+        x: usize,
+        s: f32,
+    },
+    Intensity {
+        x: usize,
+        k: u32,
+    },
+    Saxpy {
+        a: f32,
+        x: usize,
+        y: usize,
+    },
+    /// The example user kernel crate's `scale_bf16` (bf16 both ways).
+    ScaleBf16 {
+        x: usize,
+        y: usize,
+        s: f32,
+    },
+    /// Its `scale_bf16_f32` (bf16 in, f32 out).
+    ScaleBf16F32 {
+        x: usize,
+        y: usize,
+        s: f32,
+    },
+}
+
+/// The kernels of a user's kernel crate (`examples/bf16-kernels`, built to
+/// PTX by this crate's build.rs with kernel-builder), loaded once per stream:
+/// how an extension launches a kernel crate of its own, typed.
+#[derive(Clone)]
+pub struct UserKernels {
+    scale_bf16: host::Function<bf16_kernels::scale_bf16>,
+    scale_bf16_f32: host::Function<bf16_kernels::scale_bf16_f32>,
+}
+
+/// The example kernel crate's PTX.
+const USER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/bf16_kernels.ptx"));
+
+impl UserKernels {
+    fn load(device: &host::Device) -> host::Result<UserKernels> {
+        let m = host::Module::from_ptx(device, USER_PTX)?;
+        Ok(UserKernels {
+            scale_bf16: m.function()?,
+            scale_bf16_f32: m.function()?,
+        })
+    }
 }
 
 /// The buffers of a batch being parsed: one slot per distinct object.
@@ -458,9 +502,42 @@ fn parse_command(b: &mut Batch, cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
             b.float32(y, "saxpy")?;
             Cmd::Saxpy { a, x, y }
         }
+        "scale_bf16" | "scale_bf16_f32" => {
+            arity(3)?;
+            let x = b.slot(&t.get_item(1)?, true, false)?;
+            let y = b.slot(&t.get_item(2)?, true, true)?;
+            let s: f32 = t.get_item(3)?.extract()?;
+            let out = if name == "scale_bf16" {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            let ((dx, bx, ..), (dy, by, ..)) = (b.meta[x], b.meta[y]);
+            if dx != DType::BF16 || dy != out {
+                return Err(PyTypeError::new_err(format!(
+                    "{name} takes a bfloat16 device array and a {} one, not {} and {}",
+                    out.name(),
+                    dx.name(),
+                    dy.name()
+                )));
+            }
+            if bx / 2 != by / out.size() {
+                return Err(to_py(Error::LengthMismatch {
+                    what: "user kernel (y vs x, elements)",
+                    expected: bx / 2,
+                    got: by / out.size(),
+                }));
+            }
+            if name == "scale_bf16" {
+                Cmd::ScaleBf16 { x, y, s }
+            } else {
+                Cmd::ScaleBf16F32 { x, y, s }
+            }
+        }
         other => {
             return Err(PyValueError::new_err(format!(
-                "unknown command {other:?}: h2d, d2h, d2d, scale, intensity, saxpy"
+                "unknown command {other:?}: h2d, d2h, d2d, scale, intensity, saxpy, \
+                 scale_bf16, scale_bf16_f32"
             )))
         }
     })
@@ -479,6 +556,7 @@ fn enqueue<'a>(
     bundle: &'a mut [Slot],
     writes: &[bool],
     cmds: &[Cmd],
+    user: Option<&UserKernels>,
 ) -> host::Result<()> {
     let mut views: Vec<Views<'a>> = bundle
         .iter_mut()
@@ -528,6 +606,20 @@ fn enqueue<'a>(
                 let xv = cast_device::<f32>(dev(&views, x)?.as_view())?;
                 c.saxpy(a, xv, cast_device_mut(dev(&views, y)?)?)?
             }
+            Cmd::ScaleBf16 { x, y, s } => {
+                let k = user.ok_or_else(bad)?;
+                let xv = cast_device::<half::bf16>(dev(&views, x)?.as_view())?;
+                let yv = cast_device_mut::<half::bf16>(dev(&views, y)?)?;
+                let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
+                c.launch(&k.scale_bf16, cfg, (s, xv, yv))?
+            }
+            Cmd::ScaleBf16F32 { x, y, s } => {
+                let k = user.ok_or_else(bad)?;
+                let xv = cast_device::<half::bf16>(dev(&views, x)?.as_view())?;
+                let yv = cast_device_mut::<f32>(dev(&views, y)?)?;
+                let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
+                c.launch(&k.scale_bf16_f32, cfg, (s, xv, yv))?
+            }
         }
     }
     Ok(())
@@ -537,9 +629,19 @@ fn enqueue<'a>(
 #[pyclass(module = "gpufeed", frozen)]
 pub struct Stream {
     pub(crate) inner: host::Stream,
+    /// The user kernel crate's kernels, loaded at first use.
+    user: std::sync::OnceLock<UserKernels>,
 }
 
 impl Stream {
+    fn user_kernels(&self) -> PyResult<UserKernels> {
+        if let Some(k) = self.user.get() {
+            return Ok(k.clone());
+        }
+        let k = UserKernels::load(self.inner.device()).py()?;
+        Ok(self.user.get_or_init(|| k).clone())
+    }
+
     fn submit_cmds(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
         let mut b = Batch::default();
         let cmds = commands
@@ -547,13 +649,23 @@ impl Stream {
             .map(|c| parse_command(&mut b, &c))
             .collect::<PyResult<Vec<_>>>()?;
         let writes: Vec<bool> = b.meta.iter().map(|m| m.3).collect();
+        let user = if cmds
+            .iter()
+            .any(|c| matches!(c, Cmd::ScaleBf16 { .. } | Cmd::ScaleBf16F32 { .. }))
+        {
+            Some(self.user_kernels()?)
+        } else {
+            None
+        };
         let mut bundle = take_all(py, &b.owners)?;
         // Host buffers read only: a pinned-in-place memory can be both; the
         // slots were typed when parsed.
         let _ = &mut bundle;
         let stream = self.inner.clone();
         let job = py.detach(move || {
-            stream.run(bundle, move |c, bundle| enqueue(c, bundle, &writes, &cmds))
+            stream.run(bundle, move |c, bundle| {
+                enqueue(c, bundle, &writes, &cmds, user.as_ref())
+            })
         });
         Ok(Operation::new(Pending::Batch(job), b.owners))
     }
@@ -568,6 +680,7 @@ impl Stream {
         let device = device_or_default(py, device)?;
         Ok(Stream {
             inner: host::Stream::new(&device).py()?,
+            user: std::sync::OnceLock::new(),
         })
     }
 
@@ -637,6 +750,33 @@ impl Stream {
     /// `x *= s` on a float32 device array (the in-tree `scale` kernel).
     fn scale(&self, py: Python<'_>, x: &Bound<'_, PyAny>, s: f32) -> PyResult<Operation> {
         let cmd = ("scale", x.clone(), s).into_pyobject(py)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// `y = bfloat16(float32(x) * s)`, rounded to nearest even: a kernel of
+    /// a user's kernel crate (`examples/bf16-kernels`), bfloat16 device
+    /// arrays of one length (`y` may not be `x`).
+    fn scale_bf16(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        y: &Bound<'_, PyAny>,
+        s: f32,
+    ) -> PyResult<Operation> {
+        let cmd = ("scale_bf16", x.clone(), y.clone(), s).into_pyobject(py)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
+    /// `y = float32(x) * s`: bfloat16 in, float32 out (the same user kernel
+    /// crate).
+    fn scale_bf16_f32(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        y: &Bound<'_, PyAny>,
+        s: f32,
+    ) -> PyResult<Operation> {
+        let cmd = ("scale_bf16_f32", x.clone(), y.clone(), s).into_pyobject(py)?;
         self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
     }
 

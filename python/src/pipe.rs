@@ -3,7 +3,7 @@
 use crate::alloc::{PinnedBuffer, Typed};
 use crate::device::{device_or_default, Device, DeviceArray};
 use crate::dtype::DType;
-use crate::ops::{distinct, take_all, DevOut, Operation, Owner, Pending, Slot};
+use crate::ops::{distinct, take_all, Operation, Owner, Pending, Slot};
 use crate::IntoPy;
 use host::{Kernel, Plan};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -231,7 +231,7 @@ impl Pipeline {
         let _ = o.view_mut();
         let job = py.detach(move || {
             self.inner
-                .run_stage((i,), DevOut(o), plan, false, move |c, chunk| {
+                .run_stage((i,), host::KeepAlive(o), plan, false, move |c, chunk| {
                     let r = chunk.range();
                     // SAFETY: `addr` is the output's memory, owned by this run's job
                     // (`DevOut`) until its last stream is done, written by nothing

@@ -127,6 +127,39 @@ def test_copies_and_kernels_match_numpy(device, alloc):
     np.testing.assert_array_equal(dz.download(), np.full(n, 3.0, np.float32))
 
 
+def _narrow_rne(f32):
+    """float32 -> bfloat16 bits, round to nearest even (finite inputs)."""
+    bits = f32.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def test_a_user_kernel_crate_runs_from_python_bit_for_bit(device, alloc):
+    # examples/bf16-kernels, built to PTX by the extension's build.rs:
+    # bfloat16 in, float32 or bfloat16 out, against a NumPy reference.
+    rng = np.random.default_rng(7)
+    n = 30_001
+    x_bits = _narrow_rne(rng.standard_normal(n).astype(np.float32) * np.float32(100))
+    hx = alloc.alloc(n, "bfloat16")
+    hx.get_array()[:] = x_bits
+    dx = device.empty(n, "bfloat16")
+    d16, d32 = device.empty(n, "bfloat16"), device.empty(n, "float32")
+    o16, o32 = alloc.alloc(n, "bfloat16"), alloc.alloc(n, "float32")
+    s = gpufeed.Stream(device)
+    s.submit(("h2d", hx, dx), ("scale_bf16", dx, d16, 1.7), ("scale_bf16_f32", dx, d32, 1.7),
+             ("d2h", d16, o16), ("d2h", d32, o32)).wait()
+    widened = (x_bits.astype(np.uint32) << 16).view(np.float32)
+    product = widened * np.float32(1.7)
+    np.testing.assert_array_equal(np.asarray(o32).view(np.uint32), product.view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(o16), _narrow_rne(product))
+    # Wrong dtypes and lengths: typed errors, the buffers untouched.
+    with pytest.raises(TypeError):
+        s.scale_bf16(dx, d32, 1.0)
+    short = device.empty(n - 1, "bfloat16")
+    with pytest.raises(gpufeed.GpuFeedError):
+        s.scale_bf16(dx, short, 1.0)
+    assert dx.state == d32.state == short.state == "ready"
+
+
 def test_pipeline_bit_identical_to_reference(device, alloc):
     n = 1_000_003
     rng = np.random.default_rng(1)
