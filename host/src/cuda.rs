@@ -44,7 +44,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 #[serde(rename_all = "lowercase")]
 pub enum WaitMode {
     /// `cuEventSynchronize` spins (the context's automatic scheduling):
-    /// lowest latency; a core is busy while a stream has pending work.
+    /// lowest latency; a core is busy while a stream has pending work, and
+    /// for 50 µs after (the watcher looks for the next point before it
+    /// sleeps).
     #[default]
     Spin,
     /// Events carry `CU_EVENT_BLOCKING_SYNC`: the watcher sleeps until the
@@ -928,7 +930,8 @@ fn watch(shared: Arc<Shared>, rx: WatchRx) {
     if poll {
         tight_timer_slack();
     }
-    while let Ok((event, completion)) = rx.recv() {
+    let spin = shared.wait_mode == WaitMode::Spin;
+    while let Some((event, completion)) = next_point(&rx, spin) {
         let result = match (bound.clone(), shared.usable()) {
             (Err(e), _) | (_, Err(e)) => Err(e),
             _ if poll => poll_event(&shared, event.ev),
@@ -941,6 +944,32 @@ fn watch(shared: Arc<Shared>, rx: WatchRx) {
         completion.complete(result);
         drop(event);
     }
+}
+
+/// How long a spinning watcher keeps looking for the next point after its
+/// queue runs dry, before it sleeps in the channel: back-to-back jobs (a
+/// task awaiting one copy after another) then find it awake, and their
+/// sender wakes no thread.
+const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next point recorded on the watcher's stream, in order; `None` once
+/// the stream is gone. With `spin`, the queue is polled for [`IDLE_SPIN`]
+/// before blocking.
+fn next_point(rx: &WatchRx, spin: bool) -> Option<(Arc<EventHandle>, Completion)> {
+    if spin {
+        let start = std::time::Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(point) => return Some(point),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) if start.elapsed() < IDLE_SPIN => {
+                    std::hint::spin_loop()
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+            }
+        }
+    }
+    rx.recv().ok()
 }
 
 struct StreamHandle(sys::CUstream);

@@ -68,6 +68,16 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         sizes: Option<Vec<usize>>,
     },
+    /// Where a pipeline's per-chunk cost goes: the bidirectional copy in
+    /// 1-64 pieces, plain, with an event per piece, with a wait per piece
+    /// (plain driver calls; CUDA only).
+    ChunkCost {
+        /// Bytes each way.
+        #[arg(long, default_value_t = 40_000_000)]
+        bytes: usize,
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+    },
     /// The machine's devices: PCIe links, NUMA nodes, peer access.
     Topology,
     /// Several devices: copies per device alone and all at once, one array
@@ -186,6 +196,7 @@ fn run(cli: Cli) -> host::Result<()> {
             &demo::small::Config::for_device(&device, false).with(rounds, sizes),
             &out,
         ),
+        Cmd::ChunkCost { bytes, reps } => demo::chunk_cost::run(&device, bytes, reps, &out),
         Cmd::Topology => demo::topology(&opts, &out),
         Cmd::MultiGpu => rt.block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {

@@ -2,6 +2,7 @@
 
 pub mod bandwidth;
 pub mod bytes;
+pub mod chunk_cost;
 pub mod compare;
 pub mod devices;
 pub mod fmt;

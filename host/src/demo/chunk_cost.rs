@@ -1,0 +1,295 @@
+//! `host chunk-cost`: where a pipeline's per-chunk cost goes, measured with
+//! plain driver calls (no library code in the loop). The same bytes go in
+//! on one stream while the same bytes go out on another (the bidirectional
+//! copy bound), cut into `P` pieces per direction, with:
+//!
+//! - `plain`: `P` copies per direction, nothing else;
+//! - `+record`: an event recorded after every piece (what a pipeline's
+//!   per-chunk markers cost);
+//! - `+wait`: before every piece, a wait on an event that has already
+//!   completed (what a per-chunk dependency costs when nothing is waited
+//!   for);
+//!
+//! and the host time to issue each piece. `P = 1` is the whole-array bound;
+//! the extra time per extra piece is the per-piece cost.
+
+use super::report::{median, write_json, Meta};
+use cudarc::driver::sys;
+use host::{BackendKind, Device, Error, Result};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Driver {
+            call,
+            code: format!("{r:?}"),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Mode {
+    Plain,
+    Record,
+    Wait,
+}
+
+#[derive(Serialize)]
+struct Row {
+    mode: Mode,
+    pieces: usize,
+    /// Median wall ms from the first issue to both streams done.
+    ms: f64,
+    /// ms / the plain whole-array time.
+    over_whole: f64,
+    /// (ms - whole) / (pieces - 1) per direction, in µs.
+    us_per_extra_piece: f64,
+    /// Median host µs to issue one piece (both directions' calls).
+    issue_us_per_piece: f64,
+}
+
+#[derive(Serialize)]
+struct Results {
+    meta: Meta,
+    bytes_each_way: usize,
+    reps: usize,
+    rows: Vec<Row>,
+}
+
+/// The driver objects of the experiment; freed on drop.
+struct Rig {
+    _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    up: sys::CUstream,
+    down: sys::CUstream,
+    done: sys::CUevent,
+    events: Vec<sys::CUevent>,
+    host_in: *mut std::ffi::c_void,
+    host_out: *mut std::ffi::c_void,
+    dev_in: sys::CUdeviceptr,
+    dev_out: sys::CUdeviceptr,
+}
+
+impl Rig {
+    fn new(device: &Device, bytes: usize, max_pieces: usize) -> Result<Rig> {
+        let ctx =
+            cudarc::driver::CudaContext::new(device.ordinal()).map_err(|e| Error::Driver {
+                call: "cuDevicePrimaryCtxRetain",
+                code: format!("{:?}", e.0),
+            })?;
+        ctx.bind_to_thread().map_err(|e| Error::Driver {
+            call: "cuCtxSetCurrent",
+            code: format!("{:?}", e.0),
+        })?;
+        let mut rig = Rig {
+            _ctx: ctx,
+            up: std::ptr::null_mut(),
+            down: std::ptr::null_mut(),
+            done: std::ptr::null_mut(),
+            events: Vec::new(),
+            host_in: std::ptr::null_mut(),
+            host_out: std::ptr::null_mut(),
+            dev_in: 0,
+            dev_out: 0,
+        };
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let no_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointers into `rig` (freed by its Drop whatever
+        // succeeded); the context is current on this thread.
+        unsafe {
+            check(sys::cuStreamCreate(&mut rig.up, flags), "cuStreamCreate")?;
+            check(sys::cuStreamCreate(&mut rig.down, flags), "cuStreamCreate")?;
+            check(
+                sys::cuEventCreate(&mut rig.done, no_timing),
+                "cuEventCreate",
+            )?;
+            for _ in 0..2 * max_pieces {
+                let mut e = std::ptr::null_mut();
+                check(sys::cuEventCreate(&mut e, no_timing), "cuEventCreate")?;
+                rig.events.push(e);
+            }
+            let portable = sys::CU_MEMHOSTALLOC_PORTABLE;
+            check(
+                sys::cuMemHostAlloc(&mut rig.host_in, bytes, portable),
+                "cuMemHostAlloc",
+            )?;
+            check(
+                sys::cuMemHostAlloc(&mut rig.host_out, bytes, portable),
+                "cuMemHostAlloc",
+            )?;
+            check(sys::cuMemAlloc_v2(&mut rig.dev_in, bytes), "cuMemAlloc")?;
+            check(sys::cuMemAlloc_v2(&mut rig.dev_out, bytes), "cuMemAlloc")?;
+            // `done` completes at once: the event every `+wait` piece waits on.
+            check(sys::cuEventRecord(rig.done, rig.up), "cuEventRecord")?;
+            check(sys::cuStreamSynchronize(rig.up), "cuStreamSynchronize")?;
+        }
+        Ok(rig)
+    }
+
+    /// One run: `bytes` in on `up` while `bytes` go out on `down`, in
+    /// `pieces` pieces each. Returns (wall ms, host µs spent issuing).
+    fn run(&self, bytes: usize, pieces: usize, mode: Mode) -> Result<(f64, f64)> {
+        let piece = bytes.div_ceil(pieces);
+        let t = Instant::now();
+        // SAFETY: every range lies inside the allocations of `bytes` made in
+        // `new`; both streams are synchronized before returning, so nothing
+        // is in flight when the rig is dropped; events are ours.
+        unsafe {
+            for i in 0..pieces {
+                let off = i * piece;
+                let len = piece.min(bytes.saturating_sub(off));
+                if len == 0 {
+                    break;
+                }
+                if mode == Mode::Wait {
+                    check(
+                        sys::cuStreamWaitEvent(self.up, self.done, 0),
+                        "cuStreamWaitEvent",
+                    )?;
+                    check(
+                        sys::cuStreamWaitEvent(self.down, self.done, 0),
+                        "cuStreamWaitEvent",
+                    )?;
+                }
+                check(
+                    sys::cuMemcpyHtoDAsync_v2(
+                        self.dev_in + off as u64,
+                        self.host_in.cast::<u8>().add(off).cast(),
+                        len,
+                        self.up,
+                    ),
+                    "cuMemcpyHtoDAsync",
+                )?;
+                check(
+                    sys::cuMemcpyDtoHAsync_v2(
+                        self.host_out.cast::<u8>().add(off).cast(),
+                        self.dev_out + off as u64,
+                        len,
+                        self.down,
+                    ),
+                    "cuMemcpyDtoHAsync",
+                )?;
+                if mode == Mode::Record {
+                    check(
+                        sys::cuEventRecord(self.events[2 * i], self.up),
+                        "cuEventRecord",
+                    )?;
+                    check(
+                        sys::cuEventRecord(self.events[2 * i + 1], self.down),
+                        "cuEventRecord",
+                    )?;
+                }
+            }
+            let issued = t.elapsed().as_secs_f64() * 1e6;
+            check(sys::cuStreamSynchronize(self.up), "cuStreamSynchronize")?;
+            check(sys::cuStreamSynchronize(self.down), "cuStreamSynchronize")?;
+            Ok((t.elapsed().as_secs_f64() * 1e3, issued))
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // SAFETY: our objects; every run synchronized both streams, so none
+        // is in use (null handles and zero addresses are skipped).
+        unsafe {
+            for &e in self.events.iter().chain([&self.done]) {
+                if !e.is_null() {
+                    sys::cuEventDestroy_v2(e);
+                }
+            }
+            for s in [self.up, self.down] {
+                if !s.is_null() {
+                    sys::cuStreamDestroy_v2(s);
+                }
+            }
+            for p in [self.host_in, self.host_out] {
+                if !p.is_null() {
+                    sys::cuMemFreeHost(p);
+                }
+            }
+            for d in [self.dev_in, self.dev_out] {
+                if d != 0 {
+                    sys::cuMemFree_v2(d);
+                }
+            }
+        }
+    }
+}
+
+/// `host chunk-cost`: the table, and chunk_cost.json.
+pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()> {
+    if device.kind() != BackendKind::Cuda {
+        println!("chunk-cost measures the CUDA driver's copies: skipped on the CPU emulation.");
+        return Ok(());
+    }
+    let pieces = [1usize, 4, 8, 16, 32, 64];
+    let modes = [Mode::Plain, Mode::Record, Mode::Wait];
+    let rig = Rig::new(device, bytes, 64)?;
+    // Interleaved: every (mode, pieces) once per round, after a warm-up round.
+    let mut times = vec![Vec::new(); modes.len() * pieces.len()];
+    let mut issue = vec![Vec::new(); modes.len() * pieces.len()];
+    for round in 0..=reps {
+        for (m, &mode) in modes.iter().enumerate() {
+            for (p, &n) in pieces.iter().enumerate() {
+                let (ms, us) = rig.run(bytes, n, mode)?;
+                if round > 0 {
+                    times[m * pieces.len() + p].push(ms);
+                    issue[m * pieces.len() + p].push(us / n as f64);
+                }
+            }
+        }
+    }
+    let whole = median(&times[0]);
+    let mut rows = Vec::new();
+    for (m, &mode) in modes.iter().enumerate() {
+        for (p, &n) in pieces.iter().enumerate() {
+            let ms = median(&times[m * pieces.len() + p]);
+            rows.push(Row {
+                mode,
+                pieces: n,
+                ms,
+                over_whole: ms / whole,
+                us_per_extra_piece: if n > 1 {
+                    (ms - whole) * 1e3 / (n - 1) as f64
+                } else {
+                    0.0
+                },
+                issue_us_per_piece: median(&issue[m * pieces.len() + p]),
+            });
+        }
+    }
+    println!(
+        "{} in and {} out at once, cut into pieces (medians of {reps}; plain driver calls):",
+        super::fmt::bytes(bytes as u64),
+        super::fmt::bytes(bytes as u64)
+    );
+    println!(
+        "{:<8} {:>6} {:>10} {:>8} {:>14} {:>14}",
+        "mode", "pieces", "ms", "÷whole", "µs/extra piece", "issue µs/piece"
+    );
+    for r in &rows {
+        println!(
+            "{:<8} {:>6} {:>10.3} {:>7.3}x {:>14.2} {:>14.2}",
+            format!("{:?}", r.mode).to_lowercase(),
+            r.pieces,
+            r.ms,
+            r.over_whole,
+            r.us_per_extra_piece,
+            r.issue_us_per_piece
+        );
+    }
+    write_json(
+        &out.join("chunk_cost.json"),
+        &Results {
+            meta: Meta::new(device),
+            bytes_each_way: bytes,
+            reps,
+            rows,
+        },
+    )
+}
