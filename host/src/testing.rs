@@ -26,8 +26,16 @@ pub fn gpu_required() -> bool {
 /// The CUDA device, or `None` with a printed notice (a panic when
 /// `REQUIRE_GPU=1`).
 pub fn cuda(test: &str) -> Option<Device> {
-    match CudaBackend::new(0, WaitMode::default(), DeviceMemory::default()) {
-        Ok(b) => Some(Device::wrap(Arc::new(b), "test".into())),
+    let opened = CudaBackend::new(0, WaitMode::default(), DeviceMemory::default())
+        .map(|b| Device::wrap(Arc::new(b), "test".into()));
+    or_skip(test, opened)
+}
+
+/// What opening a GPU gave, or `None` with a printed notice when it failed
+/// (a panic when `REQUIRE_GPU=1`): the skip rule of every GPU test.
+pub fn or_skip<T>(test: &str, opened: crate::Result<T>) -> Option<T> {
+    match opened {
+        Ok(v) => Some(v),
         Err(e) => {
             assert!(
                 !gpu_required(),

@@ -4,7 +4,7 @@
 //! the plain path (`cuMemFree`, which waits for the whole device) parks such
 //! frees instead. CUDA only: the CPU emulation frees at once either way.
 
-use host::testing::{gpu_required, ordered_bytes_in_use, parked_device_frees, serial, watchdog};
+use host::testing::{or_skip, ordered_bytes_in_use, parked_device_frees, serial, watchdog};
 use host::{
     BackendChoice, Device, DeviceBuffer, DeviceMemory, DeviceOptions, Kernel, MappedFlag, Stream,
 };
@@ -12,19 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn open(memory: DeviceMemory) -> Option<Device> {
-    match Device::open(DeviceOptions {
+    let opts = DeviceOptions {
         backend: BackendChoice::Cuda,
         device_memory: memory,
         ..Default::default()
-    }) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(!gpu_required(), "REQUIRE_GPU=1 but no CUDA device: {e}");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU): device_memory: {e}");
-            None
-        }
-    }
+    };
+    or_skip("device_memory", Device::open(opts))
 }
 
 /// A job holding a 64 MiB device buffer behind a closed gate, dropped

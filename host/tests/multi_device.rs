@@ -5,7 +5,7 @@
 //! still runs, through one context).
 
 use futures::executor::block_on;
-use host::testing::{gpu_required, random_floats, serial};
+use host::testing::{or_skip, random_floats, serial};
 use host::{
     BackendChoice, Device, DeviceBuffer, DeviceOptions, Error, Kernel, MultiPipeline, PinnedHost,
     PinnedPool, Plan, Stream,
@@ -26,20 +26,11 @@ fn cuda_devices() -> Option<Vec<Device>> {
         backend: BackendChoice::Cuda,
         ..Default::default()
     };
-    match Device::all(opts) {
-        Ok(mut all) => {
-            if all.len() == 1 {
-                all.push(Device::open(opts).unwrap());
-            }
-            Some(all)
-        }
-        Err(e) => {
-            assert!(!gpu_required(), "REQUIRE_GPU=1 but no CUDA device: {e}");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU): multi_device: {e}");
-            None
-        }
+    let mut all = or_skip("multi_device", Device::all(opts))?;
+    if all.len() == 1 {
+        all.push(Device::open(opts).unwrap());
     }
+    Some(all)
 }
 
 macro_rules! multi_device_tests {

@@ -4,7 +4,7 @@
 //! emulation has no watcher: these run on a GPU only.)
 
 use futures::executor::block_on;
-use host::testing::{gpu_required, random_floats, serial, watchdog};
+use host::testing::{or_skip, random_floats, serial, watchdog};
 use host::{
     BackendChoice, Device, DeviceBuffer, DeviceOptions, Kernel, MappedFlag, PinnedBuffer,
     PinnedHost, Stream, WaitMode,
@@ -13,19 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn open(mode: WaitMode) -> Option<Device> {
-    match Device::open(DeviceOptions {
+    let opts = DeviceOptions {
         backend: BackendChoice::Cuda,
         wait_mode: mode,
         ..Default::default()
-    }) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(!gpu_required(), "REQUIRE_GPU=1 but no CUDA device: {e}");
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED (no GPU): wait_modes: {e}");
-            None
-        }
-    }
+    };
+    or_skip("wait_modes", Device::open(opts))
 }
 
 fn check_mode(mode: WaitMode) {
