@@ -70,7 +70,7 @@ impl CpuBackend {
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         // SAFETY: sysconf has no preconditions.
         let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) }.max(0) as u64;
-        let page = page_size() as u64;
+        let page = crate::numa::page_size() as u64;
         CpuBackend {
             shared: Arc::new(Shared {
                 broken: OnceLock::new(),
@@ -108,11 +108,6 @@ impl CpuBackend {
             }),
         }
     }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
 }
 
 /// The soft limit on locked memory (`RLIMIT_MEMLOCK`).
@@ -177,46 +172,19 @@ impl Backend for CpuBackend {
 
     fn alloc_host(&self, bytes: usize, _flags: HostFlags, node: Option<u32>) -> Result<HostAlloc> {
         self.shared.usable()?;
-        if let Some(node) = node {
-            let ptr = crate::numa::map_on_node(bytes, node)?;
-            return match self.lock_range(ptr, bytes) {
-                Ok(locked) => Ok(HostAlloc {
-                    ptr,
-                    bytes,
-                    locked,
-                    placed: true,
-                }),
-                Err(e) => {
-                    // SAFETY: the mapping just made.
-                    unsafe { libc::munmap(ptr.cast(), bytes) };
-                    Err(e)
-                }
-            };
-        }
-        // SAFETY: anonymous private mapping; no address hint.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
+        let ptr = match node {
+            Some(node) => crate::numa::map_on_node(bytes, node)?,
+            None => crate::numa::map_anonymous(bytes).map_err(|e| Error::LockFailed {
                 bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
+                reason: format!("mmap: {e}"),
+            })?,
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::LockFailed {
-                bytes,
-                reason: format!("mmap: {}", std::io::Error::last_os_error()),
-            });
-        }
-        let ptr = ptr.cast::<u8>();
         match self.lock_range(ptr, bytes) {
             Ok(locked) => Ok(HostAlloc {
                 ptr,
                 bytes,
                 locked,
-                placed: false,
+                placed: node.is_some(),
             }),
             Err(e) => {
                 // SAFETY: the mapping we just made.

@@ -497,12 +497,11 @@ impl CudaBackend {
                 code: code_name(e.0),
             }
         };
-        cudarc::driver::result::init().map_err(drv("cuInit"))?;
-        let count = cudarc::driver::result::device::get_count().map_err(drv("cuDeviceGetCount"))?;
-        if ordinal >= count as usize {
+        let count = device_count()?;
+        if ordinal >= count {
             return Err(Error::NoSuchDevice {
                 index: ordinal,
-                count: count as usize,
+                count,
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;

@@ -181,21 +181,7 @@ pub(crate) unsafe fn node_of_range(ptr: *const u8, bytes: usize) -> Result<Optio
 /// # Errors
 /// As [`bind`]; the system error when the mapping fails.
 pub(crate) fn map_on_node(bytes: usize, node: u32) -> Result<*mut u8> {
-    // SAFETY: anonymous private mapping; no address hint.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    let ptr = ptr.cast::<u8>();
+    let ptr = map_anonymous(bytes)?;
     // SAFETY: the mapping just made, page-aligned, ours alone.
     if let Err(e) = unsafe { bind(ptr, bytes, node) } {
         // SAFETY: the mapping just made.
@@ -211,7 +197,31 @@ pub(crate) fn map_on_node(bytes: usize, node: u32) -> Result<*mut u8> {
     Ok(ptr)
 }
 
-fn page_size() -> usize {
+/// A fresh private anonymous mapping of `bytes` (pages not yet touched),
+/// page-aligned; the caller unmaps it.
+///
+/// # Errors
+/// The system error.
+pub(crate) fn map_anonymous(bytes: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: anonymous private mapping; no address hint.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
 }

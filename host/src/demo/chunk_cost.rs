@@ -13,23 +13,13 @@
 //! and the host time to issue each piece. `P = 1` is the whole-array bound;
 //! the extra time per extra piece is the per-piece cost.
 
+use super::bandwidth::raw::check;
 use super::report::{median, write_json, Meta};
 use cudarc::driver::sys;
 use host::{BackendKind, Device, Error, Result};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
-
-fn check(r: sys::CUresult, call: &'static str) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver {
-            call,
-            code: format!("{r:?}"),
-        })
-    }
-}
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
