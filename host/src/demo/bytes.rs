@@ -211,6 +211,17 @@ fn mismatches<T: bytemuck::Pod>(got: &[T], want: &[T]) -> usize {
         .count()
 }
 
+/// `f(i)` for every index below `n`, on all CPU threads (a CPU reference).
+fn reference<U: bytemuck::Pod + Send>(n: usize, f: impl Fn(usize) -> U + Sync) -> Vec<U> {
+    let mut want = vec![U::zeroed(); n];
+    par_chunks(&mut want, |off, c| {
+        for (i, w) in c.iter_mut().enumerate() {
+            *w = f(off + i);
+        }
+    });
+    want
+}
+
 /// f32 → bf16 on all CPU threads, with the kernels' rounding.
 fn narrow_par(src: &[f32], dst: &mut [bf16]) {
     par_chunks(dst, |off, c| {
@@ -253,12 +264,7 @@ async fn measure(
                 pb,
             )
             .await?;
-            let mut want = vec![0f32; n];
-            par_chunks(&mut want, |off, c| {
-                for (w, v) in c.iter_mut().zip(&x[off..]) {
-                    *w = kernel.reference(*v);
-                }
-            });
+            let want = reference(n, |i| kernel.reference(x[i]));
             (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
         }
         Variant::Bf16InF32Out | Variant::Bf16BothWays => {
@@ -280,12 +286,7 @@ async fn measure(
                     pb,
                 )
                 .await?;
-                let mut want = vec![0f32; n];
-                par_chunks(&mut want, |off, c| {
-                    for (w, v) in c.iter_mut().zip(&xb[off..]) {
-                        *w = convert::scale_widen(*v, S);
-                    }
-                });
+                let want = reference(n, |i| convert::scale_widen(xb[i], S));
                 (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
             } else {
                 let stage = stage(|c, chunk| {
@@ -302,12 +303,7 @@ async fn measure(
                     pb,
                 )
                 .await?;
-                let mut want = vec![bf16::ZERO; n];
-                par_chunks(&mut want, |off, c| {
-                    for (w, v) in c.iter_mut().zip(&xb[off..]) {
-                        *w = convert::scale_narrow(*v, S);
-                    }
-                });
+                let want = reference(n, |i| convert::scale_narrow(xb[i], S));
                 (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
             }
         }
@@ -333,12 +329,7 @@ async fn measure(
                 pb,
             )
             .await?;
-            let mut want = vec![0f32; n];
-            par_chunks(&mut want, |off, c| {
-                for (i, w) in c.iter_mut().enumerate() {
-                    *w = gpu_kernels::elementwise::saxpy(A, x[off + i], y[off + i]);
-                }
-            });
+            let want = reference(n, |i| gpu_kernels::elementwise::saxpy(A, x[i], y[i]));
             (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
         }
     };
