@@ -642,6 +642,16 @@ impl Stream {
         Ok(self.user.get_or_init(|| k).clone())
     }
 
+    /// One command as its own operation.
+    fn submit_one<'py>(
+        &self,
+        py: Python<'py>,
+        cmd: impl IntoPyObject<'py, Target = PyTuple, Output = Bound<'py, PyTuple>>,
+    ) -> PyResult<Operation> {
+        let cmd = cmd.into_pyobject(py).map_err(Into::into)?;
+        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+    }
+
     fn submit_cmds(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
         let mut b = Batch::default();
         let cmds = commands
@@ -700,15 +710,7 @@ impl Stream {
         src: &Bound<'_, PyAny>,
         dst: &Bound<'_, PyAny>,
     ) -> PyResult<Operation> {
-        let cmd = PyTuple::new(
-            py,
-            [
-                pyo3::types::PyString::new(py, "h2d").into_any(),
-                src.clone(),
-                dst.clone(),
-            ],
-        )?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("h2d", src, dst))
     }
 
     /// Async copy of a device array into a pinned buffer.
@@ -718,15 +720,7 @@ impl Stream {
         src: &Bound<'_, PyAny>,
         dst: &Bound<'_, PyAny>,
     ) -> PyResult<Operation> {
-        let cmd = PyTuple::new(
-            py,
-            [
-                pyo3::types::PyString::new(py, "d2h").into_any(),
-                src.clone(),
-                dst.clone(),
-            ],
-        )?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("d2h", src, dst))
     }
 
     /// Async copy between two device arrays.
@@ -736,21 +730,12 @@ impl Stream {
         src: &Bound<'_, PyAny>,
         dst: &Bound<'_, PyAny>,
     ) -> PyResult<Operation> {
-        let cmd = PyTuple::new(
-            py,
-            [
-                pyo3::types::PyString::new(py, "d2d").into_any(),
-                src.clone(),
-                dst.clone(),
-            ],
-        )?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("d2d", src, dst))
     }
 
     /// `x *= s` on a float32 device array (the in-tree `scale` kernel).
     fn scale(&self, py: Python<'_>, x: &Bound<'_, PyAny>, s: f32) -> PyResult<Operation> {
-        let cmd = ("scale", x.clone(), s).into_pyobject(py)?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("scale", x, s))
     }
 
     /// `y = bfloat16(float32(x) * s)`, rounded to nearest even: a kernel of
@@ -763,8 +748,7 @@ impl Stream {
         y: &Bound<'_, PyAny>,
         s: f32,
     ) -> PyResult<Operation> {
-        let cmd = ("scale_bf16", x.clone(), y.clone(), s).into_pyobject(py)?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("scale_bf16", x, y, s))
     }
 
     /// `y = float32(x) * s`: bfloat16 in, float32 out (the same user kernel
@@ -776,14 +760,12 @@ impl Stream {
         y: &Bound<'_, PyAny>,
         s: f32,
     ) -> PyResult<Operation> {
-        let cmd = ("scale_bf16_f32", x.clone(), y.clone(), s).into_pyobject(py)?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("scale_bf16_f32", x, y, s))
     }
 
     /// `k` dependent FMAs per element of a float32 device array (`intensity`).
     fn intensity(&self, py: Python<'_>, x: &Bound<'_, PyAny>, k: u32) -> PyResult<Operation> {
-        let cmd = ("intensity", x.clone(), k).into_pyobject(py)?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("intensity", x, k))
     }
 
     /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`).
@@ -794,8 +776,7 @@ impl Stream {
         x: &Bound<'_, PyAny>,
         y: &Bound<'_, PyAny>,
     ) -> PyResult<Operation> {
-        let cmd = ("saxpy", a, x.clone(), y.clone()).into_pyobject(py)?;
-        self.submit_cmds(py, &PyTuple::new(py, [cmd])?)
+        self.submit_one(py, ("saxpy", a, x, y))
     }
 
     /// Waits (GIL released) for all work queued on the stream.
