@@ -27,6 +27,25 @@ fn fill(v: &mut [u64], rng: &mut fastrand::Rng) {
     }
 }
 
+/// A job per slot, dealt over the streams, all in flight at once, then all
+/// awaited.
+fn each_its_own_job(
+    streams: &[Stream],
+    v: Vec<Slot>,
+    f: for<'a> fn(&mut Commands<'a>, &'a mut Slot) -> host::Result<()>,
+) -> Vec<Slot> {
+    let jobs: Vec<Job<Slot, ()>> = v
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| streams[i % streams.len()].run(s, f))
+        .collect();
+    block_on(futures::future::try_join_all(jobs))
+        .unwrap()
+        .into_iter()
+        .map(|(s, ())| s)
+        .collect()
+}
+
 fn up<'a>(c: &mut Commands<'a>, s: &'a mut Slot) -> host::Result<()> {
     c.copy_h2d(s.host.host(), s.dev.view_mut())
 }
@@ -90,26 +109,8 @@ fn sixty_four_small_copies_in_flight_all_land(device: Device) {
 
         // 64 separate jobs each way, all in flight at once, over two streams;
         // every upload is awaited before the downloads are issued.
-        let jobs: Vec<Job<Slot, ()>> = v
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| streams[i % 2].run(s, up))
-            .collect();
-        v = block_on(futures::future::try_join_all(jobs))
-            .unwrap()
-            .into_iter()
-            .map(|(s, ())| s)
-            .collect();
-        let jobs: Vec<Job<Slot, ()>> = v
-            .into_iter()
-            .enumerate()
-            .map(|(i, s)| streams[i % 2].run(s, down))
-            .collect();
-        v = block_on(futures::future::try_join_all(jobs))
-            .unwrap()
-            .into_iter()
-            .map(|(s, ())| s)
-            .collect();
+        v = each_its_own_job(&streams, v, up);
+        v = each_its_own_job(&streams, v, down);
         check(&v, "64 separate jobs");
 
         // One job of 64 uploads, then one of 64 downloads, fresh data.

@@ -85,6 +85,24 @@ fn same_len(what: &'static str, x: usize, y: usize) -> Result<()> {
     Ok(())
 }
 
+/// Launches `f` over `n.0` elements, grid-stride, once the output's length
+/// `n.1` is checked against it.
+fn elementwise<'a, K, A>(
+    c: &mut Commands<'a>,
+    f: &Function<K>,
+    what: &'static str,
+    n: (usize, usize),
+    args: A,
+) -> Result<()>
+where
+    K: host::kernel_abi::Kernel,
+    A: host::Args<'a, Params = K::Params>,
+{
+    same_len(what, n.0, n.1)?;
+    let config = LaunchConfig::grid_stride(c.device(), n.0);
+    c.launch(f, config, args)
+}
+
 impl Kernels {
     /// Enqueues `y = f32(x)` (exact) in the batch `c`.
     ///
@@ -98,9 +116,13 @@ impl Kernels {
         y: DeviceSliceMut<'a, f32>,
     ) -> Result<()> {
         let x = x.into();
-        same_len("widen_bf16 (y vs x)", x.len(), y.len())?;
-        let config = LaunchConfig::grid_stride(c.device(), x.len());
-        c.launch(&self.widen_bf16, config, (x, y))
+        elementwise(
+            c,
+            &self.widen_bf16,
+            "widen_bf16 (y vs x)",
+            (x.len(), y.len()),
+            (x, y),
+        )
     }
 
     /// Enqueues `y = bf16(x)` (round to nearest even) in the batch `c`.
@@ -114,9 +136,13 @@ impl Kernels {
         y: DeviceSliceMut<'a, bf16>,
     ) -> Result<()> {
         let x = x.into();
-        same_len("narrow_f32 (y vs x)", x.len(), y.len())?;
-        let config = LaunchConfig::grid_stride(c.device(), x.len());
-        c.launch(&self.narrow_f32, config, (x, y))
+        elementwise(
+            c,
+            &self.narrow_f32,
+            "narrow_f32 (y vs x)",
+            (x.len(), y.len()),
+            (x, y),
+        )
     }
 
     /// Enqueues `y = f32(x) * s` (bf16 in, f32 out) in the batch `c`.
@@ -131,9 +157,13 @@ impl Kernels {
         y: DeviceSliceMut<'a, f32>,
     ) -> Result<()> {
         let x = x.into();
-        same_len("scale_bf16_f32 (y vs x)", x.len(), y.len())?;
-        let config = LaunchConfig::grid_stride(c.device(), x.len());
-        c.launch(&self.scale_bf16_f32, config, (s, x, y))
+        elementwise(
+            c,
+            &self.scale_bf16_f32,
+            "scale_bf16_f32 (y vs x)",
+            (x.len(), y.len()),
+            (s, x, y),
+        )
     }
 
     /// Enqueues `y = bf16(f32(x) * s)` (bf16 both ways) in the batch `c`.
@@ -148,9 +178,13 @@ impl Kernels {
         y: DeviceSliceMut<'a, bf16>,
     ) -> Result<()> {
         let x = x.into();
-        same_len("scale_bf16 (y vs x)", x.len(), y.len())?;
-        let config = LaunchConfig::grid_stride(c.device(), x.len());
-        c.launch(&self.scale_bf16, config, (s, x, y))
+        elementwise(
+            c,
+            &self.scale_bf16,
+            "scale_bf16 (y vs x)",
+            (x.len(), y.len()),
+            (s, x, y),
+        )
     }
 }
 
