@@ -44,35 +44,19 @@ import argparse
 import itertools
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
+# The same argument checks and driver probe as the pipeline peer beside it.
+from torch_pipeline import driver_version, positive_int, positive_int_list
+
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 IN_FLIGHT = 64
 MODES = (("non_blocking_1", 1), ("non_blocking_64", IN_FLIGHT))
 DIRECTIONS = ("h2d", "d2h")
-
-
-def positive_int_list(text):
-    try:
-        values = [int(tok) for tok in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"values must be positive integers: {text!r}")
-    return values
-
-
-def positive_int(text):
-    values = positive_int_list(text)
-    if len(values) != 1:
-        raise argparse.ArgumentTypeError(f"expected one positive integer: {text!r}")
-    return values[0]
 
 
 def parse_args(argv=None):
@@ -90,29 +74,6 @@ def parse_args(argv=None):
                    help="most copies in a round (default 16384, as ours)")
     p.add_argument("--out", "--json", dest="out", metavar="PATH", default=None)
     return p.parse_args(argv)
-
-
-def driver_version():
-    """NVIDIA kernel driver version string ("580.65.06"), or None."""
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            line = f.readline()
-        pos = line.find("Module")
-        for tok in line[max(pos, 0):].split():
-            if re.fullmatch(r"\d+(\.\d+)+", tok):
-                return tok
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=False,
-        ).stdout.strip().splitlines()
-        if out and re.fullmatch(r"\d+(\.\d+)+", out[0].strip()):
-            return out[0].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
 
 
 def one_in_flight(pairs, copies):
