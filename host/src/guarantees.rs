@@ -43,6 +43,16 @@
 //! let first = input.as_slice()[0];
 //! # Ok(()) }
 //! ```
+//! The same for a run spread over several devices: the whole array belongs
+//! to the run until every device is done with its part.
+//! ```compile_fail,E0382
+//! # fn f(devices: &[host::Device], pool: &host::PinnedPool) -> host::Result<()> {
+//! let multi = host::MultiPipeline::new(devices, 3)?;
+//! let (mut x, y) = (pool.alloc::<f32>(1024)?, pool.alloc::<f32>(1024)?);
+//! let job = multi.run(x, y, host::Kernel::Scale { s: 2.0 }, host::Plan::auto(1024));
+//! x.as_mut_slice()[0] = 1.0; // another device may be reading it
+//! # Ok(()) }
+//! ```
 //!
 //! # 3. Inside a batch, host memory handed to a command stays borrowed
 //! A destination of a device-to-host copy can't be written by the CPU in the
