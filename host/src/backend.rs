@@ -243,6 +243,16 @@ pub(crate) trait RawStream: Send + Sync {
     /// The launch's device ranges are valid for their lengths until
     /// completion, and its function belongs to this backend.
     unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()>;
+    /// Several copies in one command, in any order among themselves
+    /// (`cuMemcpyBatchAsync` where the driver has it; else one copy after
+    /// another). Every range may be host (pinned) or device memory of this
+    /// stream's device.
+    ///
+    /// # Safety
+    /// Every range valid for its length until completion; no copy's
+    /// destination overlaps a range of another copy of the batch, nor its
+    /// own source ([`crate::transfer::check`]).
+    unsafe fn copy_batch(&self, copies: &[crate::transfer::RawCopy]) -> Result<()>;
     /// Records a point; its completion fires when all work before it is done.
     fn record(&self, timing: bool) -> Result<RawEvent>;
     /// Records a point only other streams wait for: nothing watches it (its

@@ -411,6 +411,18 @@ impl RawStream for CpuStream {
         unsafe { self.copy_d2d(dst, src, bytes) }
     }
 
+    unsafe fn copy_batch(&self, copies: &[crate::transfer::RawCopy]) -> Result<()> {
+        let copies = copies.to_vec();
+        self.push(move |_| {
+            for c in &copies {
+                // SAFETY: every range valid until completion, a destination
+                // overlapping no other range (caller of copy_batch).
+                unsafe { std::ptr::copy(c.src as *const u8, c.dst as *mut u8, c.bytes) };
+            }
+            Ok(())
+        })
+    }
+
     unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()> {
         if !matches!(launch.function, RawFunction::Cpu) {
             return Err(Error::InvalidArgument(

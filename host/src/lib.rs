@@ -37,6 +37,7 @@
 //! ```
 
 mod backend;
+mod block;
 mod completion;
 mod cpu;
 mod cuda;
@@ -55,8 +56,10 @@ mod stream;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
 pub mod testing;
+mod transfer;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
+pub use block::{block_on, block_on_spinning, SPIN};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
@@ -80,3 +83,4 @@ pub use pipeline::{
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use stream::{Commands, Event, Job, Mark, Stream};
+pub use transfer::Transfer;

@@ -198,25 +198,24 @@ fn run(cli: Cli) -> host::Result<()> {
         ),
         Cmd::ChunkCost { bytes, reps } => demo::chunk_cost::run(&device, bytes, reps, &out),
         Cmd::Topology => demo::topology(&opts, &out),
-        Cmd::MultiGpu => rt.block_on(demo::multi_gpu(&opts, false, &out)),
+        Cmd::MultiGpu => host::block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {
             let kernel = k.map_or(host::Kernel::Scale { s: 1.5 }, |k| {
                 host::Kernel::Intensity { k }
             });
             let cases: Vec<_> = sizes.iter().map(|&n| (n, kernel)).collect();
             let pipe = host::Pipeline::new(&device, 8)?;
-            rt.block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out))
-                .map(|_| ())
+            host::block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out)).map(|_| ())
         }
         Cmd::CompareSyncAsync { size } => demo::compare::compare_sync_async(size).map(|_| ()),
         Cmd::Sweep { sizes } => {
             let pipe = host::Pipeline::new(&device, 4)?;
-            rt.block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
+            host::block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
         }
         Cmd::FewerBytes { sizes, reps } => {
             let pipe = host::Pipeline::new(&device, 8)?;
             let small = device.kind() == host::BackendKind::Cpu;
-            rt.block_on(demo::bytes::run(
+            host::block_on(demo::bytes::run(
                 &device, &pool, &pipe, &sizes, reps, small, &out,
             ))
             .map(|_| ())
@@ -251,7 +250,7 @@ fn run(cli: Cli) -> host::Result<()> {
                     host::Plan::uniform(chunks, streams)
                 }
             });
-            rt.block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
+            host::block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
         }
     }
 }

@@ -593,6 +593,82 @@ impl<'a> Commands<'a> {
         Ok(())
     }
 
+    /// Several copies as one command: one driver call
+    /// (`cuMemcpyBatchAsync`, CUDA 13.0+ drivers; elsewhere one copy after
+    /// another), so the copy engines pay their fixed per-operation cost
+    /// once per batch instead of once per copy (on the H200: 64 copies of
+    /// 64 KiB at about 600k copies per second instead of 260k;
+    /// `host chunk-cost`). The copies of a batch run in no particular order
+    /// among themselves; the batch as a whole is in stream order.
+    ///
+    /// # Errors
+    /// Checked before anything is enqueued: `LengthMismatch` for a copy
+    /// whose source and destination differ in length; [`Error::Overlap`]
+    /// when a copy's destination overlaps another copy's source or
+    /// destination, or (device to device) its own source; `InvalidArgument`
+    /// for memory of another device. An error from the driver may come
+    /// after part of the batch was enqueued: the job then keeps its bundle
+    /// (leaked, never freed under the GPU).
+    pub fn copy_batch<T: Pod>(
+        &mut self,
+        transfers: impl IntoIterator<Item = crate::Transfer<'a, T>>,
+    ) -> Result<()> {
+        use crate::transfer::RawCopy;
+        use crate::Transfer;
+        let size = std::mem::size_of::<T>();
+        let mut copies = Vec::new();
+        for t in transfers {
+            let c = match t {
+                Transfer::H2d { src, dst } => {
+                    self.same_host_domain(src.device_id)?;
+                    self.same_device(dst.device_id)?;
+                    check_len("copy_batch (h2d destination vs source)", src.len, dst.len)?;
+                    RawCopy {
+                        dst: dst.addr,
+                        src: src.ptr as u64,
+                        bytes: size * src.len,
+                    }
+                }
+                Transfer::D2h { src, dst } => {
+                    self.same_device(src.device_id)?;
+                    self.same_host_domain(dst.device_id)?;
+                    check_len("copy_batch (d2h destination vs source)", src.len, dst.len)?;
+                    RawCopy {
+                        dst: dst.ptr as u64,
+                        src: src.addr,
+                        bytes: size * src.len,
+                    }
+                }
+                Transfer::D2d { src, dst } => {
+                    self.same_device(src.device_id)?;
+                    self.same_device(dst.device_id)?;
+                    check_len("copy_batch (d2d destination vs source)", src.len, dst.len)?;
+                    if overlaps(src, dst.into()) {
+                        return Err(Error::Overlap {
+                            what: "copy_batch (a d2d copy's source and destination)",
+                        });
+                    }
+                    RawCopy {
+                        dst: dst.addr,
+                        src: src.addr,
+                        bytes: size * src.len,
+                    }
+                }
+            };
+            copies.push(c);
+        }
+        crate::transfer::check(&copies)?;
+        // Counted before the call: a driver error may leave part of the
+        // batch enqueued, and the bundle must then not be handed back.
+        self.enqueued += 1;
+        // SAFETY: every range is pinned host memory of this backend's host
+        // domain or device memory of this device, borrowed from the bundle
+        // for 'a (the job owns it until a point recorded after this batch
+        // completes); lengths match; no destination overlaps another range
+        // of the batch or its own source (checked just above).
+        unsafe { self.raw.copy_batch(&copies) }
+    }
+
     /// Async device-to-device copy; lengths must match.
     ///
     /// # Errors

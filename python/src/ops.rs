@@ -111,7 +111,7 @@ impl Pending {
                 Err(JobError { error, bundle }) => (Err(error), bundle.map(slots)),
             }
         }
-        use futures::executor::block_on;
+        use host::block_on;
         match self {
             Pending::Batch(j) => split(block_on(j), |b| b, |_| None),
             Pending::Run(j) => split(

@@ -310,7 +310,7 @@ pub fn compare_sync_async<'py>(
             (input, dev, out) = (i, d, o);
             out.as_mut_slice().fill(0.0);
             let t = Instant::now();
-            let ((i, o), _) = futures::executor::block_on(pipe.run(input, out, k, plan, false))?;
+            let ((i, o), _) = host::block_on(pipe.run(input, out, k, plan, false))?;
             async_ms.push(t.elapsed().as_secs_f64() * 1e3);
             correct &= bits_equal(o.as_slice(), &expect);
             (input, out) = (i, o);

@@ -5,8 +5,8 @@
 
 use super::fmt::{size, Words};
 use super::report::{cell, median, Meta};
-use futures::executor::block_on;
 use futures::TryFutureExt;
+use host::block_on;
 use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
 use serde::Serialize;
 use std::time::Instant;

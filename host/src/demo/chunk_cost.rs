@@ -10,8 +10,19 @@
 //!   completed (what a per-chunk dependency costs when nothing is waited
 //!   for);
 //!
+//! - `two-streams`: the pieces of each direction dealt alternately to two
+//!   streams, so two copies per direction are in flight and one's start-up
+//!   overlaps the other's end;
+//! - `batch`: one `cuMemcpyBatchAsync` per direction carrying all `P`
+//!   pieces (CUDA 12.8+: the pieces of a batch are not ordered among
+//!   themselves);
+//!
 //! and the host time to issue each piece. `P = 1` is the whole-array bound;
 //! the extra time per extra piece is the per-piece cost.
+//!
+//! A second table: 64 small copies (4 KiB to 4 MiB) in one direction, as 64
+//! `cuMemcpyAsync` calls on one stream, dealt over two streams, and as one
+//! batch, then one synchronize: copies per second.
 
 use super::bandwidth::raw::check;
 use super::report::{median, write_json, Meta};
@@ -27,6 +38,8 @@ enum Mode {
     Plain,
     Record,
     Wait,
+    TwoStreams,
+    Batch,
 }
 
 #[derive(Serialize)]
@@ -49,6 +62,15 @@ struct Results {
     bytes_each_way: usize,
     reps: usize,
     rows: Vec<Row>,
+    small: Vec<SmallRow>,
+}
+
+#[derive(Serialize)]
+struct SmallRow {
+    h2d: bool,
+    size: usize,
+    how: Small,
+    copies_per_s: f64,
 }
 
 /// The driver objects of the experiment; freed on drop.
@@ -56,6 +78,8 @@ struct Rig {
     _ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     up: sys::CUstream,
     down: sys::CUstream,
+    up2: sys::CUstream,
+    down2: sys::CUstream,
     done: sys::CUevent,
     events: Vec<sys::CUevent>,
     host_in: *mut std::ffi::c_void,
@@ -79,6 +103,8 @@ impl Rig {
             _ctx: ctx,
             up: std::ptr::null_mut(),
             down: std::ptr::null_mut(),
+            up2: std::ptr::null_mut(),
+            down2: std::ptr::null_mut(),
             done: std::ptr::null_mut(),
             events: Vec::new(),
             host_in: std::ptr::null_mut(),
@@ -93,6 +119,8 @@ impl Rig {
         unsafe {
             check(sys::cuStreamCreate(&mut rig.up, flags), "cuStreamCreate")?;
             check(sys::cuStreamCreate(&mut rig.down, flags), "cuStreamCreate")?;
+            check(sys::cuStreamCreate(&mut rig.up2, flags), "cuStreamCreate")?;
+            check(sys::cuStreamCreate(&mut rig.down2, flags), "cuStreamCreate")?;
             check(
                 sys::cuEventCreate(&mut rig.done, no_timing),
                 "cuEventCreate",
@@ -124,6 +152,43 @@ impl Rig {
     /// `pieces` pieces each. Returns (wall ms, host µs spent issuing).
     fn run(&self, bytes: usize, pieces: usize, mode: Mode) -> Result<(f64, f64)> {
         let piece = bytes.div_ceil(pieces);
+        if mode == Mode::Batch {
+            let t = Instant::now();
+            let ranges: Vec<(usize, usize)> = (0..pieces)
+                .map(|i| (i * piece, piece.min(bytes.saturating_sub(i * piece))))
+                .filter(|&(_, len)| len > 0)
+                .collect();
+            let h2d = ranges
+                .iter()
+                .map(|&(off, len)| {
+                    (
+                        self.dev_in + off as u64,
+                        self.host_in as u64 + off as u64,
+                        len,
+                    )
+                })
+                .collect::<Vec<_>>();
+            let d2h = ranges
+                .iter()
+                .map(|&(off, len)| {
+                    (
+                        self.host_out as u64 + off as u64,
+                        self.dev_out + off as u64,
+                        len,
+                    )
+                })
+                .collect::<Vec<_>>();
+            // SAFETY: every range lies inside the allocations of `bytes`;
+            // both streams are synchronized before returning.
+            unsafe {
+                batch(&h2d, self.up)?;
+                batch(&d2h, self.down)?;
+                let issued = t.elapsed().as_secs_f64() * 1e6;
+                check(sys::cuStreamSynchronize(self.up), "cuStreamSynchronize")?;
+                check(sys::cuStreamSynchronize(self.down), "cuStreamSynchronize")?;
+                return Ok((t.elapsed().as_secs_f64() * 1e3, issued));
+            }
+        }
         let t = Instant::now();
         // SAFETY: every range lies inside the allocations of `bytes` made in
         // `new`; both streams are synchronized before returning, so nothing
@@ -145,12 +210,17 @@ impl Rig {
                         "cuStreamWaitEvent",
                     )?;
                 }
+                let (up, down) = if mode == Mode::TwoStreams && i % 2 == 1 {
+                    (self.up2, self.down2)
+                } else {
+                    (self.up, self.down)
+                };
                 check(
                     sys::cuMemcpyHtoDAsync_v2(
                         self.dev_in + off as u64,
                         self.host_in.cast::<u8>().add(off).cast(),
                         len,
-                        self.up,
+                        up,
                     ),
                     "cuMemcpyHtoDAsync",
                 )?;
@@ -159,7 +229,7 @@ impl Rig {
                         self.host_out.cast::<u8>().add(off).cast(),
                         self.dev_out + off as u64,
                         len,
-                        self.down,
+                        down,
                     ),
                     "cuMemcpyDtoHAsync",
                 )?;
@@ -175,11 +245,95 @@ impl Rig {
                 }
             }
             let issued = t.elapsed().as_secs_f64() * 1e6;
-            check(sys::cuStreamSynchronize(self.up), "cuStreamSynchronize")?;
-            check(sys::cuStreamSynchronize(self.down), "cuStreamSynchronize")?;
+            for s in [self.up, self.down, self.up2, self.down2] {
+                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+            }
             Ok((t.elapsed().as_secs_f64() * 1e3, issued))
         }
     }
+
+    /// 64 copies of `size` bytes in one direction (the pieces of the
+    /// buffers, from offset 0), issued as `how`, then synchronized: seconds.
+    fn small(&self, size: usize, h2d: bool, how: Small) -> Result<f64> {
+        let copies: Vec<(u64, u64, usize)> = (0..SMALL_COPIES)
+            .map(|i| {
+                let off = (i * size) as u64;
+                if h2d {
+                    (self.dev_in + off, self.host_in as u64 + off, size)
+                } else {
+                    (self.host_out as u64 + off, self.dev_out + off, size)
+                }
+            })
+            .collect();
+        let t = Instant::now();
+        // SAFETY: 64 pieces of `size` lie inside the buffers (`run` is called
+        // with bytes >= 64 * the largest size); every stream is synchronized
+        // before returning.
+        unsafe {
+            match how {
+                Small::Batch => batch(&copies, self.up)?,
+                Small::Plain | Small::TwoStreams => {
+                    for (i, &(dst, src, len)) in copies.iter().enumerate() {
+                        let s = if how == Small::TwoStreams && i % 2 == 1 {
+                            self.up2
+                        } else {
+                            self.up
+                        };
+                        check(sys::cuMemcpyAsync(dst, src, len, s), "cuMemcpyAsync")?;
+                    }
+                }
+            }
+            for s in [self.up, self.up2] {
+                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
+/// Copies of the small-copy table's rounds.
+const SMALL_COPIES: usize = 64;
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Small {
+    Plain,
+    TwoStreams,
+    Batch,
+}
+
+/// One `cuMemcpyBatchAsync` on `stream` of `(dst, src, bytes)` copies
+/// (unified addresses), the source read in stream order.
+///
+/// # Safety
+/// Every range must be valid for its direction until `stream` has done
+/// the batch.
+unsafe fn batch(copies: &[(u64, u64, usize)], stream: sys::CUstream) -> Result<()> {
+    let mut dsts: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.0).collect();
+    let mut srcs: Vec<sys::CUdeviceptr> = copies.iter().map(|c| c.1).collect();
+    let mut sizes: Vec<usize> = copies.iter().map(|c| c.2).collect();
+    // SAFETY: a plain C struct of integers, for which zero is valid (the
+    // location hints' "invalid" type: no hint).
+    let mut attrs: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+    attrs.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    let mut idx = 0usize;
+    // SAFETY: the arrays have `copies.len()` entries and outlive the call;
+    // one attribute applies from index 0; the ranges are the caller's.
+    check(
+        unsafe {
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                copies.len(),
+                &mut attrs,
+                &mut idx,
+                1,
+                stream,
+            )
+        },
+        "cuMemcpyBatchAsync",
+    )
 }
 
 impl Drop for Rig {
@@ -192,7 +346,7 @@ impl Drop for Rig {
                     sys::cuEventDestroy_v2(e);
                 }
             }
-            for s in [self.up, self.down] {
+            for s in [self.up, self.down, self.up2, self.down2] {
                 if !s.is_null() {
                     sys::cuStreamDestroy_v2(s);
                 }
@@ -218,8 +372,14 @@ pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()>
         return Ok(());
     }
     let pieces = [1usize, 4, 8, 16, 32, 64];
-    let modes = [Mode::Plain, Mode::Record, Mode::Wait];
-    let rig = Rig::new(device, bytes, 64)?;
+    let modes = [
+        Mode::Plain,
+        Mode::Record,
+        Mode::Wait,
+        Mode::TwoStreams,
+        Mode::Batch,
+    ];
+    let rig = Rig::new(device, bytes.max(SMALL_COPIES * (4 << 20)), 64)?;
     // Interleaved: every (mode, pieces) once per round, after a warm-up round.
     let mut times = vec![Vec::new(); modes.len() * pieces.len()];
     let mut issue = vec![Vec::new(); modes.len() * pieces.len()];
@@ -273,6 +433,52 @@ pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()>
             r.issue_us_per_piece
         );
     }
+    // The small-copy table.
+    let sizes = [4usize << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+        .into_iter()
+        .filter(|&s| s * SMALL_COPIES <= bytes)
+        .collect::<Vec<_>>();
+    let hows = [Small::Plain, Small::TwoStreams, Small::Batch];
+    let mut small = Vec::new();
+    for h2d in [true, false] {
+        for &size in &sizes {
+            let mut t = vec![Vec::new(); hows.len()];
+            for round in 0..=reps * 4 {
+                for (k, &how) in hows.iter().enumerate() {
+                    let s = rig.small(size, h2d, how)?;
+                    if round > 0 {
+                        t[k].push(SMALL_COPIES as f64 / s);
+                    }
+                }
+            }
+            for (k, &how) in hows.iter().enumerate() {
+                small.push(SmallRow {
+                    h2d,
+                    size,
+                    how,
+                    copies_per_s: median(&t[k]),
+                });
+            }
+        }
+    }
+    println!(
+        "64 copies then one synchronize (copies per second, medians of {}):",
+        reps * 4
+    );
+    println!(
+        "{:<4} {:>8} {:>12} {:>12} {:>12}",
+        "dir", "size", "plain", "two-streams", "batch"
+    );
+    for row in small.chunks(hows.len()) {
+        println!(
+            "{:<4} {:>8} {:>11.1}k {:>11.1}k {:>11.1}k",
+            if row[0].h2d { "h2d" } else { "d2h" },
+            super::fmt::bytes(row[0].size as u64),
+            row[0].copies_per_s / 1e3,
+            row[1].copies_per_s / 1e3,
+            row[2].copies_per_s / 1e3
+        );
+    }
     write_json(
         &out.join("chunk_cost.json"),
         &Results {
@@ -280,6 +486,7 @@ pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()>
             bytes_each_way: bytes,
             reps,
             rows,
+            small,
         },
     )
 }

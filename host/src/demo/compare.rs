@@ -416,7 +416,7 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
         reps: 10,
         with_bound: true,
     };
-    let c = futures::executor::block_on(compare(
+    let c = host::block_on(compare(
         &device,
         &pool,
         &pipeline,

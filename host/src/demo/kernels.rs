@@ -3,7 +3,7 @@
 
 use super::fmt::{elems, ms, Words};
 use super::report::{median, random_floats, write_json, Meta};
-use futures::executor::block_on;
+use host::block_on;
 use host::{Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
 use serde::Serialize;
 use std::path::Path;

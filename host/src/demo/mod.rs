@@ -349,7 +349,7 @@ pub fn full(
     let pool = PinnedPool::new(device);
     let pipe = Pipeline::new(device, 8)?;
     println!("\n== overlap");
-    let comps = rt.block_on(compare(
+    let comps = host::block_on(compare(
         device,
         &pool,
         &pipe,
@@ -358,16 +358,16 @@ pub fn full(
         out,
     ))?;
     println!("\n== size sweep");
-    rt.block_on(sweep(device, &pool, &pipe, &scale.sweep, out))?;
+    host::block_on(sweep(device, &pool, &pipe, &scale.sweep, out))?;
     let plan = comps
         .iter()
         .find(|c| c.n == scale.timeline_n && matches!(c.kernel, Kernel::Scale { .. }))
         .map_or(host::Plan::auto(scale.timeline_n), |c| c.plan);
     println!("\n== timeline");
-    rt.block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
+    host::block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
     println!("\n== fewer bytes: bf16 on the wire (a user's kernel crate), SAXPY with two inputs");
     let small_sizes = small || device.kind() == BackendKind::Cpu;
-    rt.block_on(bytes::run(
+    host::block_on(bytes::run(
         device,
         &pool,
         &pipe,
@@ -377,7 +377,7 @@ pub fn full(
         out,
     ))?;
     println!("\n== several devices: each alone and all at once, one array spread over all of them");
-    rt.block_on(multi_gpu(opts, small, out))?;
+    host::block_on(multi_gpu(opts, small, out))?;
     let s = pool.stats();
     let w = fmt::Words::of(device);
     println!(

@@ -10,8 +10,11 @@
 //! - `run_sync_1`: `stream.run_sync(pair, |c, p| c.copy_h2d(..))` per copy:
 //!   each copy is waited for in the driver on the calling thread before the
 //!   next is issued.
-//! - `awaited_1`: `stream.run(pair, ..).await` per copy, in a loop, on the
-//!   demonstration's tokio runtime (`Runtime::block_on`).
+//! - `awaited_1`: `stream.run(pair, ..).await` per copy, in a loop, run by
+//!   [`host::block_on`] on the calling thread (which spins for the wake-up
+//!   before it parks), as every awaited mode but the next.
+//! - `awaited_1_tokio`: the same loop on the demonstration's tokio runtime
+//!   (`Runtime::block_on`, whose thread parks at once).
 //! - `awaited_64`: 64 separate jobs, one per pair, kept outstanding with a
 //!   `FuturesUnordered` window: as each resolves, its buffers go straight
 //!   into the next copy.
@@ -20,6 +23,9 @@
 //!   pairs are its bundle), awaited; repeated.
 //! - `awaited_64_4_streams`: the window of `awaited_64`, its jobs spread
 //!   round robin over 4 streams (a variant: the rest use one stream).
+//! - `awaited_64_copy_batch`: one job whose batch is one
+//!   [`Commands::copy_batch`] of the 64 copies (one driver call,
+//!   `cuMemcpyBatchAsync`), awaited; repeated.
 //! - `raw_1`: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` then
 //!   `cuStreamSynchronize`, per copy (cudarc's `sys` layer, driver-allocated
 //!   pinned memory: [`super::bandwidth::raw`]).
@@ -40,7 +46,9 @@ use super::fmt::{size, Words};
 use super::report::{cell, median, write_csv, write_json, Meta};
 use cudarc::driver::sys;
 use futures::stream::{FuturesUnordered, StreamExt};
-use host::{Commands, Device, DeviceBuffer, Job, PinnedHost, PinnedPool, PooledBuffer, Stream};
+use host::{
+    Commands, Device, DeviceBuffer, Job, PinnedHost, PinnedPool, PooledBuffer, Stream, Transfer,
+};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -134,6 +142,8 @@ pub enum Mode {
     RunSync1,
     #[serde(rename = "awaited_1")]
     Awaited1,
+    #[serde(rename = "awaited_1_tokio")]
+    Awaited1Tokio,
     #[serde(rename = "raw_1")]
     Raw1,
     #[serde(rename = "awaited_64")]
@@ -144,18 +154,22 @@ pub enum Mode {
     Awaited64OneJob,
     #[serde(rename = "awaited_64_4_streams")]
     Awaited64Streams4,
+    #[serde(rename = "awaited_64_copy_batch")]
+    Awaited64CopyBatch,
     #[serde(rename = "raw_64")]
     Raw64,
 }
 
-const MODES: [Mode; 8] = [
+const MODES: [Mode; 10] = [
     Mode::RunSync1,
     Mode::Awaited1,
+    Mode::Awaited1Tokio,
     Mode::Raw1,
     Mode::Awaited64,
     Mode::Awaited64Batch,
     Mode::Awaited64OneJob,
     Mode::Awaited64Streams4,
+    Mode::Awaited64CopyBatch,
     Mode::Raw64,
 ];
 
@@ -165,7 +179,7 @@ const STREAMS: usize = 4;
 impl Mode {
     fn in_flight(self) -> usize {
         match self {
-            Mode::RunSync1 | Mode::Awaited1 | Mode::Raw1 => 1,
+            Mode::RunSync1 | Mode::Awaited1 | Mode::Awaited1Tokio | Mode::Raw1 => 1,
             _ => IN_FLIGHT,
         }
     }
@@ -187,11 +201,13 @@ impl Mode {
         match self {
             Mode::RunSync1 => "run_sync 1",
             Mode::Awaited1 => "awaited 1",
+            Mode::Awaited1Tokio => "tokio 1",
             Mode::Raw1 => "raw 1",
             Mode::Awaited64 => "awaited 64",
             Mode::Awaited64Batch => "64 batch",
             Mode::Awaited64OneJob => "64 one job",
             Mode::Awaited64Streams4 => "64 4 strms",
+            Mode::Awaited64CopyBatch => "64 copy_batch",
             Mode::Raw64 => "raw 64",
         }
     }
@@ -200,12 +216,14 @@ impl Mode {
     fn long(self) -> &'static str {
         match self {
             Mode::RunSync1 => "run_sync, 1 in flight",
-            Mode::Awaited1 => "awaited, 1 in flight",
+            Mode::Awaited1 => "awaited (host::block_on), 1 in flight",
+            Mode::Awaited1Tokio => "awaited (tokio), 1 in flight",
             Mode::Raw1 => "raw driver copy + stream sync, 1 in flight",
             Mode::Awaited64 => "awaited, 64 jobs in flight (window)",
             Mode::Awaited64Batch => "awaited, 64 jobs then join all",
             Mode::Awaited64OneJob => "awaited, one job of 64 copies",
             Mode::Awaited64Streams4 => "awaited, 64 jobs in flight over 4 streams",
+            Mode::Awaited64CopyBatch => "awaited, one job of one copy_batch of 64",
             Mode::Raw64 => "raw driver, 64 copies then one sync",
         }
     }
@@ -243,6 +261,7 @@ pub struct Ratio {
     pub bytes: usize,
     pub direction: Direction,
     pub awaited_1_vs_raw_1: Option<f64>,
+    pub awaited_64_copy_batch_vs_raw_64: Option<f64>,
     pub run_sync_1_vs_raw_1: Option<f64>,
     pub awaited_64_vs_raw_64: Option<f64>,
     pub awaited_64_batch_vs_raw_64: Option<f64>,
@@ -370,6 +389,15 @@ fn issue<'a>(c: &mut Commands<'a>, s: &'a mut Slot, dir: Direction) -> host::Res
     }
 }
 
+/// The one copy of a slot, as a part of a [`Commands::copy_batch`].
+fn transfer(s: &mut Slot, dir: Direction) -> Transfer<'_, u64> {
+    let Slot { host, dev, .. } = s;
+    match dir {
+        Direction::H2d => Transfer::h2d(host.host(), dev.view_mut()),
+        Direction::D2h => Transfer::d2h(dev.view(), host.host_mut()),
+    }
+}
+
 /// A job of the one copy of a slot.
 fn job(stream: &Stream, s: Slot, dir: Direction) -> Job<Slot, ()> {
     stream.run(s, move |c, s| issue(c, s, dir))
@@ -472,11 +500,15 @@ async fn awaited_one_job(
     mut slots: Vec<Slot>,
     dir: Direction,
     copies: usize,
+    batched: bool,
 ) -> host::Result<(Vec<Slot>, Duration)> {
     let t = Instant::now();
     for _ in 0..copies / slots.len().max(1) {
         (slots, ()) = stream
             .run(slots, move |c, v| {
+                if batched {
+                    return c.copy_batch(v.iter_mut().map(|s| transfer(s, dir)));
+                }
                 for s in v.iter_mut() {
                     issue(c, s, dir)?;
                 }
@@ -639,23 +671,24 @@ impl Bench<'_> {
         let stream = self.stream;
         let (slots, took) = match mode {
             Mode::RunSync1 => run_sync_1(stream, slots, dir, copies)?,
-            Mode::Awaited1 => self.rt.block_on(awaited_1(stream, slots, dir, copies))?,
-            Mode::Awaited64 => self.rt.block_on(awaited_window(
+            Mode::Awaited1 => host::block_on(awaited_1(stream, slots, dir, copies))?,
+            Mode::Awaited1Tokio => self.rt.block_on(awaited_1(stream, slots, dir, copies))?,
+            Mode::Awaited64 => host::block_on(awaited_window(
                 std::slice::from_ref(stream),
                 slots,
                 dir,
                 copies,
             ))?,
             Mode::Awaited64Streams4 => {
-                self.rt
-                    .block_on(awaited_window(self.streams, slots, dir, copies))?
+                host::block_on(awaited_window(self.streams, slots, dir, copies))?
             }
-            Mode::Awaited64Batch => self
-                .rt
-                .block_on(awaited_batch(stream, slots, dir, copies))?,
-            Mode::Awaited64OneJob => self
-                .rt
-                .block_on(awaited_one_job(stream, slots, dir, copies))?,
+            Mode::Awaited64Batch => host::block_on(awaited_batch(stream, slots, dir, copies))?,
+            Mode::Awaited64OneJob => {
+                host::block_on(awaited_one_job(stream, slots, dir, copies, false))?
+            }
+            Mode::Awaited64CopyBatch => {
+                host::block_on(awaited_one_job(stream, slots, dir, copies, true))?
+            }
             Mode::Raw1 | Mode::Raw64 => (slots, Duration::ZERO),
         };
         self.slots = slots;
@@ -830,6 +863,7 @@ fn ratios(rows: &[Row]) -> Vec<Ratio> {
                 bytes,
                 direction: dir,
                 awaited_1_vs_raw_1: over(Mode::Awaited1, Mode::Raw1),
+                awaited_64_copy_batch_vs_raw_64: over(Mode::Awaited64CopyBatch, Mode::Raw64),
                 run_sync_1_vs_raw_1: over(Mode::RunSync1, Mode::Raw1),
                 awaited_64_vs_raw_64: over(Mode::Awaited64, Mode::Raw64),
                 awaited_64_batch_vs_raw_64: over(Mode::Awaited64Batch, Mode::Raw64),
@@ -920,7 +954,7 @@ pub fn run(
     Ok(Results {
         meta: Meta::new(device),
         peer: "host-rust",
-        executor: "tokio multi-thread runtime, Runtime::block_on on the calling thread",
+        executor: "host::block_on on the calling thread (awaited_1_tokio: a tokio multi-thread runtime's Runtime::block_on)",
         locked,
         raw_note,
         ratios: ratios(&rows),
@@ -957,13 +991,17 @@ pub fn print(res: &Results) {
         "\nsmall copies: copies per second (medians of {rounds} rounds) and GB/s; one stream but for 64 4 strms."
     );
     println!("  run_sync 1  each copy waited for on the calling thread (Stream::run_sync) before the next");
-    println!("  awaited 1   each copy a job, awaited before the next (tokio)");
+    println!(
+        "  awaited 1   each copy a job, awaited before the next (host::block_on; every awaited"
+    );
+    println!("              mode runs there but tokio 1: the same on tokio's Runtime::block_on)");
     println!(
         "  awaited 64  64 jobs kept in flight (a FuturesUnordered window over 64 buffer pairs)"
     );
     println!("  64 batch    64 jobs issued, then all awaited (try_join_all)");
     println!("  64 one job  one job issuing 64 copies, awaited");
     println!("  64 4 strms  the awaited 64 window, its jobs round robin over 4 streams");
+    println!("  64 copy_batch  one job of one Commands::copy_batch of the 64 copies, awaited");
     if w.cpu {
         println!(
             "  raw 1/64    raw driver copies: not measured on the CPU emulation (no driver); the"
