@@ -13,8 +13,9 @@
 //! took 0.93 ms at the median and 1.10 ms in a slow tenth of its runs,
 //! with `block_on` 0.91 ms every time (`results/`). Past [`SPIN`] the
 //! thread parks: a late wake-up then costs under 2% of the wait. The spin
-//! keeps one core busy for at most [`SPIN`] per wait;
-//! [`block_on_spinning`] with zero parks at once (no busy core).
+//! yields the core between looks (`sched_yield`), so a thread with work to
+//! do on it runs at once, but an otherwise idle core stays busy for at most
+//! [`SPIN`] per wait; [`block_on_spinning`] with zero parks at once.
 
 use std::future::Future;
 use std::pin::pin;
@@ -26,6 +27,9 @@ use std::time::{Duration, Instant};
 
 /// How long [`block_on`] spins for a wake-up before it parks the thread.
 pub const SPIN: Duration = Duration::from_millis(10);
+
+/// Fewest cores on which [`block_on`] spins.
+pub const SPIN_MIN_CORES: usize = 4;
 
 /// Nothing happened since the last poll.
 const IDLE: u8 = 0;
@@ -55,7 +59,9 @@ impl Wake for Signal {
 }
 
 /// Runs `future` to completion on the calling thread and returns its
-/// output, spinning up to [`SPIN`] for each wake-up before parking.
+/// output, spinning up to [`SPIN`] for each wake-up before parking, on a
+/// machine of at least [`SPIN_MIN_CORES`] cores (on fewer, the spin would
+/// take a core the work itself needs: it parks at once).
 ///
 /// Not for use inside an async runtime's worker (it blocks that thread);
 /// there, `.await` the future.
@@ -69,7 +75,21 @@ impl Wake for Signal {
 /// # Ok::<(), host::Error>(())
 /// ```
 pub fn block_on<F: Future>(future: F) -> F::Output {
-    block_on_spinning(future, SPIN)
+    block_on_spinning(future, spin_here())
+}
+
+/// The spin [`block_on`] uses on this machine: [`SPIN`] on one of at least
+/// [`SPIN_MIN_CORES`] cores, else zero.
+pub fn spin_here() -> Duration {
+    static SPIN_HERE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN_HERE.get_or_init(|| {
+        let cores = thread::available_parallelism().map_or(1, |n| n.get());
+        if cores >= SPIN_MIN_CORES {
+            SPIN
+        } else {
+            Duration::ZERO
+        }
+    })
 }
 
 /// [`block_on`] with a spin of `spin` (zero: park at once).
@@ -103,7 +123,9 @@ fn wait(signal: &Signal, spin: Duration) {
         if start.elapsed() >= spin {
             break;
         }
-        std::hint::spin_loop();
+        // Yield rather than only spin: a thread that has work on this core
+        // (a CPU-emulation stream worker, the watcher) gets it at once.
+        thread::yield_now();
     }
     // Park: announce it first, so that a wake from now on unparks us.
     if signal

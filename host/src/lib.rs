@@ -59,7 +59,7 @@ pub mod testing;
 mod transfer;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
-pub use block::{block_on, block_on_spinning, SPIN};
+pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};

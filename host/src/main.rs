@@ -78,6 +78,15 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         reps: usize,
     },
+    /// What the waiting thread costs a pipeline: one run awaited by an
+    /// executor that parks at once and by `host::block_on` (spins, then parks)
+    Waits {
+        /// Floats (default: 10^7 on a GPU, 10^6 on the CPU emulation).
+        #[arg(long)]
+        n: Option<usize>,
+        #[arg(long, default_value_t = 60)]
+        runs: usize,
+    },
     /// The machine's devices: PCIe links, NUMA nodes, peer access.
     Topology,
     /// Several devices: copies per device alone and all at once, one array
@@ -144,6 +153,9 @@ enum Cmd {
         /// One stream per engine (copy-in, compute, copy-out).
         #[arg(long)]
         engines: bool,
+        /// Ramped chunk sizes (small first and last chunks).
+        #[arg(long)]
+        ramp: bool,
     },
 }
 
@@ -197,6 +209,14 @@ fn run(cli: Cli) -> host::Result<()> {
             &out,
         ),
         Cmd::ChunkCost { bytes, reps } => demo::chunk_cost::run(&device, bytes, reps, &out),
+        Cmd::Waits { n, runs } => {
+            let n = n.unwrap_or(if device.kind() == host::BackendKind::Cpu {
+                1_000_000
+            } else {
+                10_000_000
+            });
+            demo::waits::run(&device, n, runs, &out)
+        }
         Cmd::Topology => demo::topology(&opts, &out),
         Cmd::MultiGpu => host::block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {
@@ -241,6 +261,7 @@ fn run(cli: Cli) -> host::Result<()> {
             chunks,
             streams,
             engines,
+            ramp,
         } => {
             let pipe = host::Pipeline::new(&device, streams.max(3))?;
             let plan = chunks.map_or(host::Plan::auto(n), |chunks| {
@@ -250,6 +271,7 @@ fn run(cli: Cli) -> host::Result<()> {
                     host::Plan::uniform(chunks, streams)
                 }
             });
+            let plan = if ramp { plan.ramped() } else { plan };
             host::block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
         }
     }

@@ -16,6 +16,9 @@
 //! - `batch`: one `cuMemcpyBatchAsync` per direction carrying all `P`
 //!   pieces (CUDA 12.8+: the pieces of a batch are not ordered among
 //!   themselves);
+//! - `batch-each`: every piece its own one-copy `cuMemcpyBatchAsync` (the
+//!   batch call's per-operation cost, which a pipeline, needing a
+//!   dependency per chunk, would pay);
 //!
 //! and the host time to issue each piece. `P = 1` is the whole-array bound;
 //! the extra time per extra piece is the per-piece cost.
@@ -40,6 +43,7 @@ enum Mode {
     Wait,
     TwoStreams,
     Batch,
+    BatchEach,
 }
 
 #[derive(Serialize)]
@@ -152,7 +156,7 @@ impl Rig {
     /// `pieces` pieces each. Returns (wall ms, host µs spent issuing).
     fn run(&self, bytes: usize, pieces: usize, mode: Mode) -> Result<(f64, f64)> {
         let piece = bytes.div_ceil(pieces);
-        if mode == Mode::Batch {
+        if mode == Mode::Batch || mode == Mode::BatchEach {
             let t = Instant::now();
             let ranges: Vec<(usize, usize)> = (0..pieces)
                 .map(|i| (i * piece, piece.min(bytes.saturating_sub(i * piece))))
@@ -181,8 +185,15 @@ impl Rig {
             // SAFETY: every range lies inside the allocations of `bytes`;
             // both streams are synchronized before returning.
             unsafe {
-                batch(&h2d, self.up)?;
-                batch(&d2h, self.down)?;
+                if mode == Mode::Batch {
+                    batch(&h2d, self.up)?;
+                    batch(&d2h, self.down)?;
+                } else {
+                    for (u, d) in h2d.iter().zip(&d2h) {
+                        batch(std::slice::from_ref(u), self.up)?;
+                        batch(std::slice::from_ref(d), self.down)?;
+                    }
+                }
                 let issued = t.elapsed().as_secs_f64() * 1e6;
                 check(sys::cuStreamSynchronize(self.up), "cuStreamSynchronize")?;
                 check(sys::cuStreamSynchronize(self.down), "cuStreamSynchronize")?;
@@ -378,6 +389,7 @@ pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()>
         Mode::Wait,
         Mode::TwoStreams,
         Mode::Batch,
+        Mode::BatchEach,
     ];
     let rig = Rig::new(device, bytes.max(SMALL_COPIES * (4 << 20)), 64)?;
     // Interleaved: every (mode, pieces) once per round, after a warm-up round.

@@ -14,6 +14,7 @@ pub mod plots;
 pub mod ptx;
 pub mod report;
 pub mod small;
+pub mod waits;
 
 use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -33,6 +34,9 @@ pub struct Scale {
     pub timeline_n: usize,
     /// Sizes of the fewer-bytes part.
     pub bytes_sizes: Vec<usize>,
+    /// Floats and runs per executor of the waits part.
+    pub waits_n: usize,
+    pub waits_runs: usize,
     pub reps: usize,
 }
 
@@ -54,6 +58,8 @@ impl Scale {
                 sweep: vec![10_000, 100_000, 1_000_000, 3_000_000],
                 timeline_n: 1_000_000,
                 bytes_sizes: vec![100_000, 1_000_000],
+                waits_n: 1_000_000,
+                waits_runs: 10,
                 reps: 5,
             }
         } else {
@@ -82,6 +88,8 @@ impl Scale {
                 ],
                 timeline_n: 100_000_000,
                 bytes_sizes: vec![10_000_000, 100_000_000],
+                waits_n: 10_000_000,
+                waits_runs: 60,
                 // As many as the peers (bench/peers) time per configuration.
                 reps: 20,
             }
@@ -348,6 +356,8 @@ pub fn full(
     small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);
     let pipe = Pipeline::new(device, 8)?;
+    println!("\n== waiting for a pipeline: parking at once vs host::block_on");
+    waits::run(device, scale.waits_n, scale.waits_runs, out)?;
     println!("\n== overlap");
     let comps = host::block_on(compare(
         device,

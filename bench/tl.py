@@ -1,0 +1,12 @@
+import json, sys
+for p in sys.argv[1:]:
+    d = json.load(open(p))
+    rows = d["chunks"]
+    print(p, d["plan"])
+    prev_h2d_end = None
+    prev_d2h_end = None
+    for r in rows:
+        t = r["t"]
+        gap = (t[0] - prev_h2d_end) * 1e3 if prev_h2d_end is not None else 0
+        print(f"  c{r['chunk']:>2} h2d {t[0]*1e3:7.1f}-{t[1]*1e3:7.1f} ({(t[1]-t[0])*1e3:5.1f}) gap {gap:5.1f} | k end {t[2]*1e3:7.1f} ({(t[2]-t[1])*1e3:5.1f}) | d2h end {t[3]*1e3:7.1f} (+{(t[3]-max(t[2], prev_d2h_end or 0))*1e3:5.1f})")
+        prev_h2d_end = t[1]; prev_d2h_end = t[3]
