@@ -127,6 +127,38 @@ def test_copies_and_kernels_match_numpy(device, alloc):
     np.testing.assert_array_equal(dz.download(), np.full(n, 3.0, np.float32))
 
 
+def test_copy_batch_moves_many_buffers_in_one_operation(device, alloc):
+    rng = np.random.default_rng(3)
+    sizes = [1, 7, 1000, 4096, 33, 10_001]
+    hs = [alloc.alloc(n, "int32") for n in sizes]
+    for h in hs:
+        h.get_array()[:] = rng.integers(1, 2**31 - 1, h.shape, dtype=np.int32)
+    want = [np.array(h.get_array()) for h in hs]
+    ds = [device.empty(n, "int32") for n in sizes]
+    d2 = [device.empty(n, "int32") for n in sizes]
+    back = [alloc.alloc(n, "int32") for n in sizes]
+    s = gpufeed.Stream(device)
+    s.copy_batch(list(zip(hs, ds))).wait()
+    s.copy_batch(list(zip(ds, d2))).wait()
+    s.copy_batch(list(zip(d2, back))).wait()
+    for b, w in zip(back, want):
+        np.testing.assert_array_equal(np.asarray(b), w)
+    # A buffer written by two copies, or written by one and read by another:
+    # the copies of a batch have no order, so it is refused; nothing is lost.
+    with pytest.raises(gpufeed.OverlapError):
+        s.copy_batch([(hs[0], ds[0]), (hs[0], ds[0])]).wait()
+    with pytest.raises(gpufeed.OverlapError):
+        s.copy_batch([(ds[1], d2[1]), (d2[1], back[1])]).wait()
+    assert all(b.state == "ready" for b in hs + back)
+    np.testing.assert_array_equal(np.asarray(back[1]), want[1])
+    with pytest.raises(TypeError, match="host buffers"):
+        s.copy_batch([(hs[0], back[0])])
+    with pytest.raises(TypeError, match="tuples"):
+        s.copy_batch([hs[0]])
+    with pytest.raises(gpufeed.LengthMismatchError):
+        s.copy_batch([(hs[0], ds[1])]).wait()
+
+
 def _narrow_rne(f32):
     """float32 -> bfloat16 bits, round to nearest even (finite inputs)."""
     bits = f32.view(np.uint32).astype(np.uint64)

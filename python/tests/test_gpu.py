@@ -130,6 +130,22 @@ def test_pipeline_bit_identical_on_random_inputs(cuda_device):
         out.free()
 
 
+def test_copy_batch_on_cuda_bit_identical(cuda_device):
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    s = gpufeed.Stream(cuda_device)
+    sizes = [1, 1024, 16384, 65536, 262_147] * 8
+    xs = [random_f32(n, 100 + i) for i, n in enumerate(sizes)]
+    hs = [alloc.alloc(n) for n in sizes]
+    for h, x in zip(hs, xs):
+        np.asarray(h)[:] = x
+    ds = [cuda_device.empty(n) for n in sizes]
+    back = [alloc.alloc(n) for n in sizes]
+    s.copy_batch(list(zip(hs, ds))).wait()
+    s.copy_batch(list(zip(ds, back))).wait()
+    for b, x in zip(back, xs):
+        assert (np.asarray(b).view(np.uint32) == x.view(np.uint32)).all()
+
+
 def test_pin_in_place_on_cuda(cuda_device):
     x = random_f32(N, 3)
     ref = x.copy()
