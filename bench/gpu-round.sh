@@ -9,6 +9,11 @@
 #   bash bench/gpu-round.sh full    the same, then the full demonstration, the peers
 #                                   (CUDA C++, PyTorch), a 40 s load test, and
 #                                   synccheck / racecheck on the soundness suite
+#   bash bench/gpu-round.sh focus   quick, then the parts the open issues check, each
+#                                   once, in one call: small transfers with the PyTorch
+#                                   peer, compare at 10^7 and 10^8 with the CUDA C++
+#                                   peer, the Python benchmark, fewer bytes, waits,
+#                                   chunk-cost (no full demonstration, no load test)
 #
 # Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
 # as one file). Exits non-zero if a test, a sanitizer or the demonstration failed.
@@ -48,14 +53,37 @@ for e in .gpu/examples/*; do
 done
 
 note "compute-sanitizer memcheck"
-for t in soundness random_api cancellation multi_device device_memory; do san memcheck "$t" --leak-check full; done
+for t in soundness random_api cancellation multi_device device_memory copy_batch; do san memcheck "$t" --leak-check full; done
 
 note "python: the gpufeed wheel, pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
 PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
 tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != quick ]; then
+if [ "$mode" = focus ]; then
+  F="$R/focus"; mkdir -p "$F"
+  note "small transfers, with the PyTorch peer"
+  timeout 300 .gpu/bin/host --out-dir "$F" small-transfers > "$F/small.log" 2>&1 || { fail=1; note "SMALL FAILED"; }
+  timeout 200 python3 bench/peers/torch_small.py --out "$F/pytorch-small.json" > "$F/torch-small.log" 2>&1 || { fail=1; note "TORCH SMALL FAILED"; }
+  python3 bench/peers/compare_small.py "$F/small_transfers.json" "$F/pytorch-small.json" --out "$F/comparison-small.json" > "$F/comparison-small.txt" 2>&1 || true
+  grep -A12 "^checks" "$F/comparison-small.txt" | tee -a "$R/logs/summary.log"
+  note "compare at 10^7 and 10^8, the CUDA C++ and PyTorch peers"
+  timeout 200 .gpu/bin/host --out-dir "$F" compare --sizes 10000000,100000000 > "$F/compare.log" 2>&1 || { fail=1; note "COMPARE FAILED"; }
+  grep -E "async |bound" "$F/compare.log" | tee -a "$R/logs/summary.log"
+  HOST_JSON="$F/host-rust.json" SMALL=0 timeout 300 bash bench/peers/run_peers.sh "$F/peers" > "$F/peers.log" 2>&1 || { fail=1; note "PEERS FAILED"; }
+  rm -f "$F/peers/cuda_pipeline"
+  note "python: the pipeline from Python vs from Rust, the PyTorch peer, GIL, pinned vs pageable; per-run spread"
+  PYTHONPATH="$site" timeout 300 python3 python/bench/bench.py "$F/python-bench.json" --sizes 10000000 100000000 --reps 10 > "$F/python-bench.log" 2>&1 || { fail=1; note "PYTHON BENCH FAILED"; }
+  PYTHONPATH="$site" timeout 120 python3 python/bench/waits.py 10000000 "$F/python-waits.json" > "$F/python-waits.log" 2>&1 || { fail=1; note "PYTHON WAITS FAILED"; }
+  cat "$F/python-waits.log" >> "$R/logs/summary.log"
+  note "fewer bytes, waits, chunk-cost"
+  timeout 200 .gpu/bin/host --out-dir "$F" fewer-bytes > "$F/fewer.log" 2>&1 || { fail=1; note "FEWER BYTES FAILED"; }
+  timeout 100 .gpu/bin/host --out-dir "$F" waits > "$F/waits.log" 2>&1 || { fail=1; note "WAITS FAILED"; }
+  timeout 150 .gpu/bin/host --out-dir "$F" chunk-cost > "$F/chunk.log" 2>&1 || { fail=1; note "CHUNK COST FAILED"; }
+  tail -5 "$F/waits.log" >> "$R/logs/summary.log"
+fi
+
+if [ "$mode" = bench ] || [ "$mode" = full ]; then
   note "synccheck / racecheck"
   san synccheck soundness
   san racecheck soundness

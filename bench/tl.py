@@ -1,3 +1,12 @@
+"""Prints a pipeline timeline (`host timeline --out-dir D`, D/timeline.json)
+chunk by chunk: each H2D's span and the gap since the previous one, the time
+from the H2D's end to the kernel's end, and each D2H's end with the time it
+added (since the later of its kernel's end and the previous D2H's end).
+
+    python3 bench/tl.py out/timeline.json [more.json ...]
+
+The events are timed ones, which cost a few microseconds per chunk: the
+totals are longer than an untimed run's."""
 import json, sys
 for p in sys.argv[1:]:
     d = json.load(open(p))

@@ -117,7 +117,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000_000, 100_000_000])
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("--streams", type=int, default=4)
     a = ap.parse_args()
