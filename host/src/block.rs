@@ -80,9 +80,10 @@ impl Wake for Signal {
 ///
 /// ```
 /// let device = host::Device::cpu();
-/// let stream = device.stream()?;
-/// let data = host::PinnedHost::from_slice(&device, &[1.0f32, 2.0])?;
-/// let (data, ()) = host::block_on(stream.run(data, |_, _| Ok(())))?;
+/// let stream = host::Stream::new(&device)?;
+/// let data = host::PinnedBuffer::from_slice(&device, &[1.0f32, 2.0])?;
+/// let dev = host::DeviceBuffer::<f32>::new(&device, 2)?;
+/// let ((data, _dev), ()) = host::block_on(stream.copy_h2d(data, dev))?;
 /// assert_eq!(data.as_slice(), &[1.0, 2.0]);
 /// # Ok::<(), host::Error>(())
 /// ```

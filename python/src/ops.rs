@@ -802,20 +802,18 @@ impl Stream {
                 ));
             }
             let (src, dst) = (t.get_item(0)?, t.get_item(1)?);
-            let kind = match (
-                device_array(&src).is_some(),
-                device_array(&dst).is_some(),
-            ) {
+            let kind = match (device_array(&src).is_some(), device_array(&dst).is_some()) {
                 (false, true) => "h2d",
                 (true, false) => "d2h",
                 (true, true) => "d2d",
-                (false, false) => {
-                    return Err(PyTypeError::new_err(
-                        "copy_batch: a copy between two host buffers (one side must be a device array)",
-                    ))
-                }
+                (false, false) => return Err(PyTypeError::new_err(
+                    "copy_batch: a copy between two host buffers (one side must be a device array)",
+                )),
             };
-            cmds.push(PyTuple::new(py, [kind.into_pyobject(py)?.into_any(), src, dst])?);
+            cmds.push(PyTuple::new(
+                py,
+                [kind.into_pyobject(py)?.into_any(), src, dst],
+            )?);
         }
         self.submit_cmds(py, &PyTuple::new(py, cmds)?, true)
     }
