@@ -14,6 +14,7 @@
 #                                   peer, compare at 10^7 and 10^8 with the CUDA C++
 #                                   peer, the Python benchmark, fewer bytes, waits,
 #                                   chunk-cost (no full demonstration, no load test)
+#   bash bench/gpu-round.sh parts   only what focus adds to quick (a call's time is limited)
 #
 # Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
 # as one file). Exits non-zero if a test, a sanitizer or the demonstration failed.
@@ -40,7 +41,7 @@ san() {  # tool, test name, extra args
     > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
   grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
 }
-if [ "$mode" != bench ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
@@ -60,7 +61,7 @@ PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cach
 tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" = focus ]; then
+if [ "$mode" = focus ] || [ "$mode" = parts ]; then
   F="$R/focus"; mkdir -p "$F"
   note "small transfers, with the PyTorch peer"
   timeout 300 .gpu/bin/host --out-dir "$F" small-transfers > "$F/small.log" 2>&1 || { fail=1; note "SMALL FAILED"; }
