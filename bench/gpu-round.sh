@@ -16,6 +16,7 @@
 #                                   chunk-cost (no full demonstration, no load test)
 #   bash bench/gpu-round.sh parts   only what focus adds to quick (a call's time is limited)
 #
+# Bundle first: ../shared/tools/gpu-bundle, then `git rev-parse HEAD > .gpu/COMMIT`.
 # Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
 # as one file). Exits non-zero if a test, a sanitizer or the demonstration failed.
 set -uo pipefail
@@ -26,7 +27,9 @@ mkdir -p "$R/logs/san"
 fail=0
 note() { echo "== $*" | tee -a "$R/logs/summary.log"; }
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > "$R/logs/gpu.txt" 2>&1
-git rev-parse HEAD > "$R/logs/commit.txt" 2>/dev/null || true
+# The binaries' commit: .gpu/COMMIT, written when bundling (`git rev-parse HEAD > .gpu/COMMIT`
+# after ../shared/tools/gpu-bundle); the GPU machine's copy of the tree can report a stale HEAD.
+{ cat .gpu/COMMIT 2>/dev/null || echo "unknown: no .gpu/COMMIT (the tree copy says $(git rev-parse HEAD 2>/dev/null))"; } > "$R/logs/commit.txt"
 
 site=/tmp/gpufeed-site
 rm -rf "$site"
