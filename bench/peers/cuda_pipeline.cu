@@ -15,6 +15,13 @@
 //     n floats (at the chunk's offset), the kernel in place on that chunk, and
 //     cudaMemcpyAsync D2H into the output buffer at the same offset. All of it
 //     is enqueued up front, then cudaDeviceSynchronize.
+//   * engines layout (also mode "pipelined", "layout": "engines" in the JSON):
+//     one stream per engine, the copy-in, compute and copy-out streams linked
+//     by an event per chunk (H2D of chunk i on the copy-in stream, then the
+//     compute stream waits for it and runs the kernel, then the copy-out
+//     stream waits for that and copies out), each chunk in its own part of the
+//     n-float device buffer (no reuse, so no waits for free scratch): the
+//     layout our `Plan::auto` picks, written by hand. Chunk counts: --engines.
 //   * sync mode: whole array, one stream: H2D, sync, kernel, sync, D2H, sync.
 //   * kernels: scale (x *= 1.5f) and intensity (x = fmaf(x, 0.9999f, 1e-4f),
 //     k times, a dependent chain).
@@ -335,6 +342,7 @@ struct Result {
     std::string kernel;
     long k;  // -1: null
     std::string mode;
+    std::string layout;  // "round-robin" or "engines" (pipelined), "" (sync)
     int chunks;
     int streams;
     double median_ms;
@@ -372,6 +380,35 @@ static double run_pipelined(const Op& op, const Buffers& b, int chunks, int nstr
     return now_ms() - t0;
 }
 
+// The three streams and the per-chunk events of the engines layout.
+struct Engines {
+    cudaStream_t in, comp, out;
+    std::vector<cudaEvent_t> copied, computed;
+};
+
+template <class Op>
+static double run_engines(const Op& op, const Buffers& b, int chunks, const Engines& e,
+                          int blocks) {
+    const size_t chunk = (b.n + chunks - 1) / chunks;
+    const double t0 = now_ms();
+    for (int i = 0; i < chunks; ++i) {
+        const size_t lo = static_cast<size_t>(i) * chunk;
+        if (lo >= b.n) break;
+        const size_t len = std::min(chunk, b.n - lo);
+        CUDA_CHECK(cudaMemcpyAsync(b.d + lo, b.h_in + lo, len * sizeof(float),
+                                   cudaMemcpyHostToDevice, e.in));
+        CUDA_CHECK(cudaEventRecord(e.copied[i], e.in));
+        CUDA_CHECK(cudaStreamWaitEvent(e.comp, e.copied[i], 0));
+        launch_map(op, b.d + lo, len, blocks, e.comp);
+        CUDA_CHECK(cudaEventRecord(e.computed[i], e.comp));
+        CUDA_CHECK(cudaStreamWaitEvent(e.out, e.computed[i], 0));
+        CUDA_CHECK(cudaMemcpyAsync(b.h_out + lo, b.d + lo, len * sizeof(float),
+                                   cudaMemcpyDeviceToHost, e.out));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return now_ms() - t0;
+}
+
 template <class Op>
 static double run_sync(const Op& op, const Buffers& b, cudaStream_t s, int blocks) {
     const double t0 = now_ms();
@@ -390,7 +427,8 @@ static void print_row(const Result& r, const Check& c) {
     if (r.k < 0) std::snprintf(kbuf, sizeof kbuf, "-");
     else std::snprintf(kbuf, sizeof kbuf, "%ld", r.k);
     std::printf("%11zu  %-9s %5s  %-9s %6d %7d  %10.3f %10.3f %8.1f  %-5s %.3g",
-                r.n, r.kernel.c_str(), kbuf, r.mode.c_str(), r.chunks, r.streams,
+                r.n, r.kernel.c_str(), kbuf, r.layout == "engines" ? "engines" : r.mode.c_str(),
+                r.chunks, r.streams,
                 r.median_ms, r.min_ms, gbs, r.verified ? "true" : "FALSE", r.max_abs_err);
     if (!c.ok) std::printf("  (%zu bad, first at %zu)", c.bad, c.first_bad);
     std::printf("\n");
@@ -406,8 +444,9 @@ template <class Op>
 static bool bench_kernel(const Op& op, const std::string& name, long k, const Buffers& b,
                          const float* ref, bool exact, const std::vector<int>& chunk_list,
                          const std::vector<int>& stream_list,
-                         const std::vector<cudaStream_t>& streams, int blocks, int reps,
-                         std::vector<Result>& results) {
+                         const std::vector<cudaStream_t>& streams,
+                         const std::vector<int>& engine_list, const Engines& engines, int blocks,
+                         int reps, std::vector<Result>& results) {
     bool all_ok = true;
     auto measure = [&](auto run) {
         for (int i = 0; i < WARMUP; ++i) run();
@@ -416,10 +455,10 @@ static bool bench_kernel(const Op& op, const std::string& name, long k, const Bu
         for (int i = 0; i < reps; ++i) t.push_back(run());
         return t;
     };
-    auto finish = [&](const std::string& mode, int chunks, int nstreams,
-                      const std::vector<double>& t) {
+    auto finish = [&](const std::string& mode, const std::string& layout, int chunks,
+                      int nstreams, const std::vector<double>& t) {
         const Check c = verify(b.h_out, ref, b.n, exact, INTENSITY_TOL);
-        Result r{b.n, name, k, mode, chunks, nstreams, median_of(t),
+        Result r{b.n, name, k, mode, layout, chunks, nstreams, median_of(t),
                  *std::min_element(t.begin(), t.end()), reps, c.ok, mode == "sync",
                  c.max_abs_err};
         print_row(r, c);
@@ -433,15 +472,20 @@ static bool bench_kernel(const Op& op, const std::string& name, long k, const Bu
     };
 
     poison();
-    finish("sync", 1, 1, measure([&]() { return run_sync(op, b, streams[0], blocks); }));
+    finish("sync", "", 1, 1, measure([&]() { return run_sync(op, b, streams[0], blocks); }));
 
     for (int c : chunk_list) {
         for (int s : stream_list) {
             poison();
-            finish("pipelined", c, s, measure([&]() {
+            finish("pipelined", "round-robin", c, s, measure([&]() {
                        return run_pipelined(op, b, c, s, streams, blocks);
                    }));
         }
+    }
+    for (int c : engine_list) {
+        poison();
+        finish("pipelined", "engines", c, 3,
+               measure([&]() { return run_engines(op, b, c, engines, blocks); }));
     }
     return all_ok;
 }
@@ -456,6 +500,7 @@ struct Args {
     std::vector<unsigned long long> ks{1, 64, 1024};
     std::vector<unsigned long long> chunks{4, 8, 16, 32};
     std::vector<unsigned long long> streams{2, 4};
+    std::vector<unsigned long long> engines{8, 12, 16, 24, 32, 48};
     int reps = 20;
     std::string json;
 };
@@ -463,9 +508,10 @@ struct Args {
 [[noreturn]] static void usage(const char* prog, int code) {
     std::fprintf(code ? stderr : stdout,
                  "usage: %s [--sizes N1,N2,...] [--kernel scale|intensity] [--k K1,K2,...]\n"
-                 "          [--chunks C1,C2,...] [--streams S1,S2,...] [--reps R] [--json PATH]\n"
+                 "          [--chunks C1,C2,...] [--streams S1,S2,...] [--engines C1,C2,...]\n"
+                 "          [--reps R] [--json PATH]\n"
                  "defaults: --sizes 10000000,100000000 --kernel scale --k 1,64,1024\n"
-                 "          --chunks 4,8,16,32 --streams 2,4 --reps 20\n",
+                 "          --chunks 4,8,16,32 --streams 2,4 --engines 8,12,16,24,32,48 --reps 20\n",
                  prog);
     std::exit(code);
 }
@@ -505,7 +551,7 @@ static Args parse_args(int argc, char** argv) {
             arg = arg.substr(0, eq);
         }
         static const char* const known[] = {"--sizes", "--kernel", "--k", "--chunks",
-                                            "--streams", "--reps", "--json"};
+                                            "--streams", "--engines", "--reps", "--json"};
         if (std::find(std::begin(known), std::end(known), arg) == std::end(known)) {
             std::fprintf(stderr, "error: unknown argument %s\n", arg.c_str());
             usage(argv[0], 64);
@@ -531,6 +577,8 @@ static Args parse_args(int argc, char** argv) {
             a.chunks = parse_list("--chunks", val, 1ull << 20);
         } else if (arg == "--streams") {
             a.streams = parse_list("--streams", val, 1024);
+        } else if (arg == "--engines") {
+            a.engines = parse_list("--engines", val, 1ull << 20);
         } else if (arg == "--reps") {
             a.reps = static_cast<int>(parse_list("--reps", val, 1000000)[0]);
         } else {  // --json
@@ -619,11 +667,13 @@ static bool write_json(const std::string& path, const std::string& gpu, const st
         if (r.k < 0) std::snprintf(kbuf, sizeof kbuf, "null");
         else std::snprintf(kbuf, sizeof kbuf, "%ld", r.k);
         std::fprintf(f,
-                     "%s\n  {\"n\": %zu, \"kernel\": %s, \"k\": %s, \"mode\": %s, \"chunks\": %d, "
+                     "%s\n  {\"n\": %zu, \"kernel\": %s, \"k\": %s, \"mode\": %s, \"layout\": %s, "
+                     "\"chunks\": %d, "
                      "\"streams\": %d, \"median_ms\": %.6f, \"min_ms\": %.6f, \"reps\": %d, "
                      "\"verified\": %s, \"best\": %s}",
                      i ? "," : "", r.n, json_str(r.kernel).c_str(), kbuf,
-                     json_str(r.mode).c_str(), r.chunks, r.streams, r.median_ms, r.min_ms, r.reps,
+                     json_str(r.mode).c_str(), r.layout.empty() ? "null" : json_str(r.layout).c_str(),
+                     r.chunks, r.streams, r.median_ms, r.min_ms, r.reps,
                      r.verified ? "true" : "false", r.best ? "true" : "false");
     }
     std::fprintf(f, "\n]}\n");
@@ -679,6 +729,20 @@ int main(int argc, char** argv) {
     for (auto& s : streams) CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
     std::vector<int> chunk_list(args.chunks.begin(), args.chunks.end());
+    std::vector<int> engine_list(args.engines.begin(), args.engines.end());
+    Engines engines;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&engines.in, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&engines.comp, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&engines.out, cudaStreamNonBlocking));
+    int max_engine_chunks = 0;
+    for (int c : engine_list) max_engine_chunks = std::max(max_engine_chunks, c);
+    for (int i = 0; i < max_engine_chunks; ++i) {
+        cudaEvent_t a, c;
+        CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c, cudaEventDisableTiming));
+        engines.copied.push_back(a);
+        engines.computed.push_back(c);
+    }
     std::vector<int> stream_list(args.streams.begin(), args.streams.end());
 
     std::random_device rd;
@@ -706,14 +770,15 @@ int main(int argc, char** argv) {
         if (args.kernel == "scale") {
             reference_scale(b.h_in, ref, n);
             all_ok &= bench_kernel(ScaleOp{SCALE_S}, "scale", -1, b, ref, true, chunk_list,
-                                   stream_list, streams, blocks, args.reps, results);
+                                   stream_list, streams, engine_list, engines, blocks, args.reps,
+                                   results);
         } else {
             for (unsigned long long k : args.ks) {
                 reference_intensity(b.h_in, ref, n, static_cast<unsigned>(k));
                 all_ok &= bench_kernel(
                     IntensityOp{static_cast<unsigned>(k), INTENSITY_MUL, INTENSITY_ADD},
                     "intensity", static_cast<long>(k), b, ref, false, chunk_list, stream_list,
-                    streams, blocks, args.reps, results);
+                    streams, engine_list, engines, blocks, args.reps, results);
             }
         }
 
@@ -732,9 +797,10 @@ int main(int argc, char** argv) {
             if (o.mode == "sync" && o.n == r.n && o.kernel == r.kernel && o.k == r.k)
                 sync_ms = o.median_ms;
         const std::string kstr = r.k < 0 ? std::string("-") : std::to_string(r.k);
-        std::printf("  n=%zu kernel=%s k=%s: chunks=%d streams=%d median %.3f ms (min %.3f), "
+        std::printf("  n=%zu kernel=%s k=%s: chunks=%d streams=%d (%s) median %.3f ms (min %.3f), "
                     "sync %.3f ms, speed-up %.2fx%s\n",
-                    r.n, r.kernel.c_str(), kstr.c_str(), r.chunks, r.streams, r.median_ms, r.min_ms,
+                    r.n, r.kernel.c_str(), kstr.c_str(), r.chunks, r.streams, r.layout.c_str(),
+                    r.median_ms, r.min_ms,
                     sync_ms, sync_ms / r.median_ms, r.verified ? "" : "  [NOT VERIFIED]");
     }
 
