@@ -151,3 +151,38 @@ fn a_batch_whose_copies_would_race_is_refused_and_loses_nothing(device: host::De
     let ((_, out), ()) = block_on(stream.copy_d2h(dev, out)).unwrap();
     assert_eq!(out.as_slice(), &before[..], "{}", device.kind());
 }
+
+host::backend_tests!(a_batch_of_thousands_of_one_word_copies_lands_every_word);
+fn a_batch_of_thousands_of_one_word_copies_lands_every_word(device: host::Device) {
+    let _serial = serial();
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    let n = 10_000;
+    let data = random(n, &mut rng);
+    let stream = Stream::new(&device).unwrap();
+    let input = PinnedBuffer::from_slice(&device, &data).unwrap();
+    let output = PinnedBuffer::<u32>::new(&device, n).unwrap();
+    let dev = DeviceBuffer::<u32>::new(&device, n).unwrap();
+    // Word i goes to position n-1-i on the device, and back in place.
+    let ((_, _, output), ()) = block_on(stream.run((input, dev, output), |c, (i, d, o)| {
+        let d = d.view_mut();
+        let up = (0..n)
+            .map(|k| {
+                Ok(Transfer::h2d(
+                    i.host().range(k..k + 1)?,
+                    d.range(n - 1 - k..n - k)?,
+                ))
+            })
+            .collect::<host::Result<Vec<_>>>()?;
+        c.copy_batch(up)?;
+        let mut rest = o.host_mut();
+        let mut down = Vec::with_capacity(n);
+        for k in 0..n {
+            let (word, tail) = rest.split_at(1)?;
+            down.push(Transfer::d2h(d.range(n - 1 - k..n - k)?, word));
+            rest = tail;
+        }
+        c.copy_batch(down)
+    }))
+    .unwrap();
+    assert_eq!(output.as_slice(), &data[..], "{}", device.kind());
+}

@@ -41,13 +41,17 @@ pub enum Executor {
     TokioCurrentThread,
     /// `futures::executor::block_on` on a plain thread (thread park/unpark).
     BlockOn,
+    /// `host::block_on` on a plain thread: spins for the wake-up (up to
+    /// `host::SPIN`, on 4+ cores), then parks.
+    HostBlockOn,
 }
 
-const EXECUTORS: [Executor; 4] = [
+const EXECUTORS: [Executor; 5] = [
     Executor::TokioMultiThread,
     Executor::TokioMultiThread2,
     Executor::TokioCurrentThread,
     Executor::BlockOn,
+    Executor::HostBlockOn,
 ];
 
 #[derive(Serialize, Clone)]
@@ -267,6 +271,7 @@ impl Executors {
             Executor::TokioMultiThread2 => Self::spawned(&self.multi2, fut),
             Executor::TokioCurrentThread => self.current.block_on(fut),
             Executor::BlockOn => futures::executor::block_on(fut),
+            Executor::HostBlockOn => host::block_on(fut),
         }
     }
 
