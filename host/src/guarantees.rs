@@ -83,6 +83,19 @@
 //! drop(outside);
 //! # Ok(()) }
 //! ```
+//! The same for a batch of copies ([`Commands::copy_batch`](crate::Commands::copy_batch)):
+//! its transfers take the same views.
+//! ```compile_fail,E0597
+//! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
+//! use host::PinnedHost;
+//! let input = host::PinnedBuffer::<f32>::new(device, 1024)?;
+//! let mut outside = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let job = stream.run(input, |c, i| {
+//!     c.copy_batch([host::Transfer::h2d(i.host(), outside.view_mut())])
+//! });
+//! drop(outside);
+//! # Ok(()) }
+//! ```
 //! A view can't leave its batch either (to be used by a later one):
 //! ```compile_fail
 //! # fn f(device: &host::Device, stream: &host::Stream) -> host::Result<()> {
