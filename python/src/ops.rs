@@ -551,14 +551,10 @@ enum Views<'a> {
     Dev(DeviceSliceMut<'a, u8>),
 }
 
-fn enqueue<'a>(
-    c: &mut host::Commands<'a>,
-    bundle: &'a mut [Slot],
-    writes: &[bool],
-    cmds: &[Cmd],
-    user: Option<&UserKernels>,
-) -> host::Result<()> {
-    let mut views: Vec<Views<'a>> = bundle
+/// Each slot's views for a batch: read-only host, writable host (taken by
+/// the one command that writes it) or device.
+fn views_of<'a>(bundle: &'a mut [Slot], writes: &[bool]) -> Vec<Views<'a>> {
+    bundle
         .iter_mut()
         .zip(writes)
         .map(|(s, &w)| match s {
@@ -572,51 +568,72 @@ fn enqueue<'a>(
             }
             Slot::Dev(d) => Views::Dev(d.view_mut()),
         })
-        .collect();
-    let bad = || Error::Internal("a batch's buffer roles are inconsistent".into());
-    let dev = |views: &[Views<'a>], i: usize| match views.get(i) {
+        .collect()
+}
+
+fn inconsistent() -> Error {
+    Error::Internal("a batch's buffer roles are inconsistent".into())
+}
+
+fn dev_view<'a>(views: &[Views<'a>], i: usize) -> host::Result<DeviceSliceMut<'a, u8>> {
+    match views.get(i) {
         Some(Views::Dev(d)) => Ok(*d),
-        _ => Err(bad()),
-    };
+        _ => Err(inconsistent()),
+    }
+}
+
+fn host_read<'a>(views: &[Views<'a>], i: usize) -> host::Result<HostSlice<'a, u8>> {
+    match views.get(i) {
+        Some(Views::HostRead(s)) => Ok(*s),
+        _ => Err(inconsistent()),
+    }
+}
+
+fn host_write<'a>(views: &mut [Views<'a>], i: usize) -> host::Result<HostSliceMut<'a, u8>> {
+    match views.get_mut(i) {
+        Some(Views::HostWrite(h)) => h.take().ok_or_else(inconsistent),
+        _ => Err(inconsistent()),
+    }
+}
+
+fn enqueue<'a>(
+    c: &mut host::Commands<'a>,
+    bundle: &'a mut [Slot],
+    writes: &[bool],
+    cmds: &[Cmd],
+    user: Option<&UserKernels>,
+) -> host::Result<()> {
+    let mut views = views_of(bundle, writes);
     for cmd in cmds {
         match *cmd {
-            Cmd::H2D { src, dst } => {
-                let s = match views.get(src) {
-                    Some(Views::HostRead(s)) => *s,
-                    _ => return Err(bad()),
-                };
-                c.copy_h2d(s, dev(&views, dst)?)?;
-            }
+            Cmd::H2D { src, dst } => c.copy_h2d(host_read(&views, src)?, dev_view(&views, dst)?)?,
             Cmd::D2H { src, dst } => {
-                let d = dev(&views, src)?;
-                let h = match views.get_mut(dst) {
-                    Some(Views::HostWrite(h)) => h.take().ok_or_else(bad)?,
-                    _ => return Err(bad()),
-                };
-                c.copy_d2h(d, h)?;
+                let d = dev_view(&views, src)?;
+                c.copy_d2h(d, host_write(&mut views, dst)?)?;
             }
-            Cmd::D2D { src, dst } => c.copy_d2d(dev(&views, src)?, dev(&views, dst)?)?,
+            Cmd::D2D { src, dst } => c.copy_d2d(dev_view(&views, src)?, dev_view(&views, dst)?)?,
             Cmd::Scale { x, s } => {
-                c.kernel(Kernel::Scale { s }, cast_device_mut(dev(&views, x)?)?)?
+                c.kernel(Kernel::Scale { s }, cast_device_mut(dev_view(&views, x)?)?)?
             }
-            Cmd::Intensity { x, k } => {
-                c.kernel(Kernel::Intensity { k }, cast_device_mut(dev(&views, x)?)?)?
-            }
+            Cmd::Intensity { x, k } => c.kernel(
+                Kernel::Intensity { k },
+                cast_device_mut(dev_view(&views, x)?)?,
+            )?,
             Cmd::Saxpy { a, x, y } => {
-                let xv = cast_device::<f32>(dev(&views, x)?.as_view())?;
-                c.saxpy(a, xv, cast_device_mut(dev(&views, y)?)?)?
+                let xv = cast_device::<f32>(dev_view(&views, x)?.as_view())?;
+                c.saxpy(a, xv, cast_device_mut(dev_view(&views, y)?)?)?
             }
             Cmd::ScaleBf16 { x, y, s } => {
-                let k = user.ok_or_else(bad)?;
-                let xv = cast_device::<half::bf16>(dev(&views, x)?.as_view())?;
-                let yv = cast_device_mut::<half::bf16>(dev(&views, y)?)?;
+                let k = user.ok_or_else(inconsistent)?;
+                let xv = cast_device::<half::bf16>(dev_view(&views, x)?.as_view())?;
+                let yv = cast_device_mut::<half::bf16>(dev_view(&views, y)?)?;
                 let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
                 c.launch(&k.scale_bf16, cfg, (s, xv, yv))?
             }
             Cmd::ScaleBf16F32 { x, y, s } => {
-                let k = user.ok_or_else(bad)?;
-                let xv = cast_device::<half::bf16>(dev(&views, x)?.as_view())?;
-                let yv = cast_device_mut::<f32>(dev(&views, y)?)?;
+                let k = user.ok_or_else(inconsistent)?;
+                let xv = cast_device::<half::bf16>(dev_view(&views, x)?.as_view())?;
+                let yv = cast_device_mut::<f32>(dev_view(&views, y)?)?;
                 let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
                 c.launch(&k.scale_bf16_f32, cfg, (s, xv, yv))?
             }
@@ -646,48 +663,22 @@ fn enqueue_batch<'a>(
     if writes.iter().zip(&uses).any(|(&w, &n)| w && n > 1) {
         return Err(overlap());
     }
-    let mut views: Vec<Option<Views<'a>>> = bundle
-        .iter_mut()
-        .zip(writes)
-        .map(|(s, &w)| {
-            Some(match s {
-                Slot::Host(h) => {
-                    if w {
-                        Views::HostWrite(Some(h.host_mut()))
-                    } else {
-                        let h: &'a HostMem = h;
-                        Views::HostRead(h.host())
-                    }
-                }
-                Slot::Dev(d) => Views::Dev(d.view_mut()),
-            })
-        })
-        .collect();
-    let bad = || Error::Internal("a batch's buffer roles are inconsistent".into());
+    let mut views = views_of(bundle, writes);
     let mut transfers = Vec::with_capacity(cmds.len());
     for cmd in cmds {
-        let t = match *cmd {
-            Cmd::H2D { src, dst } => match (views[src].as_ref(), views[dst].as_ref()) {
-                (Some(Views::HostRead(s)), Some(Views::Dev(d))) => host::Transfer::h2d(*s, *d),
-                _ => return Err(bad()),
-            },
-            Cmd::D2H { src, dst } => {
-                let d = match views[src].as_ref() {
-                    Some(Views::Dev(d)) => *d,
-                    _ => return Err(bad()),
-                };
-                match views[dst].take() {
-                    Some(Views::HostWrite(Some(h))) => host::Transfer::d2h(d, h),
-                    _ => return Err(bad()),
-                }
+        transfers.push(match *cmd {
+            Cmd::H2D { src, dst } => {
+                host::Transfer::h2d(host_read(&views, src)?, dev_view(&views, dst)?)
             }
-            Cmd::D2D { src, dst } => match (views[src].as_ref(), views[dst].as_ref()) {
-                (Some(Views::Dev(s)), Some(Views::Dev(d))) => host::Transfer::d2d(*s, *d),
-                _ => return Err(bad()),
-            },
-            _ => return Err(bad()),
-        };
-        transfers.push(t);
+            Cmd::D2H { src, dst } => {
+                let d = dev_view(&views, src)?;
+                host::Transfer::d2h(d, host_write(&mut views, dst)?)
+            }
+            Cmd::D2D { src, dst } => {
+                host::Transfer::d2d(dev_view(&views, src)?, dev_view(&views, dst)?)
+            }
+            _ => return Err(inconsistent()),
+        });
     }
     c.copy_batch(transfers)
 }
