@@ -52,6 +52,8 @@ import torch
 
 # The same argument checks and driver probe as the pipeline peer beside it.
 from torch_pipeline import driver_version, positive_int, positive_int_list
+# The table formatting of the comparison script beside it (stdlib only).
+from compare_small import rate, size_name
 
 SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 IN_FLIGHT = 64
@@ -133,21 +135,6 @@ def copies_for(args, in_flight, took, n):
     want = args.target_ms / 1e3 / per_copy if per_copy > 0 else args.max_copies
     want = -(-int(min(want, args.max_copies)) // in_flight) * in_flight
     return max(in_flight, min(want, max(args.max_copies, in_flight)))
-
-
-def size_name(b):
-    for unit, shift in (("MiB", 20), ("KiB", 10)):
-        if b >= 1 << shift and b % (1 << shift) == 0:
-            return f"{b >> shift} {unit}"
-    return f"{b} B"
-
-
-def rate(v):
-    if v >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if v >= 1e3:
-        return f"{v / 1e3:.1f}k"
-    return f"{v:.0f}"
 
 
 def main(argv=None):
