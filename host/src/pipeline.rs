@@ -566,8 +566,11 @@ impl Placement<'_> {
         }
     }
 
+    /// Copies chunk `r` of every input into `slot`: one copy for one input,
+    /// one batch ([`Commands::copy_batch`]) for several, so a chunk pays
+    /// the copy engine's fixed per-operation cost once per direction.
     fn copy_in(&self, c: &mut Commands<'_>, r: &Range<usize>, slot: usize) -> Result<()> {
-        for (a, &k) in self.ins.iter().zip(&self.in_at) {
+        let mut copies = self.ins.iter().zip(&self.in_at).map(|(a, &k)| {
             let bytes = r.len() * a.size;
             // SAFETY: the chunk lies inside the input (every array is n long,
             // checked), which the run's job owns; the slot's array k holds at
@@ -578,13 +581,19 @@ impl Placement<'_> {
                     device_slice_mut::<u8>(self.addr(slot, k), bytes, self.device_id),
                 )
             };
-            c.copy_h2d(h, d)?;
+            crate::Transfer::h2d(h, d)
+        });
+        if self.ins.len() == 1 {
+            if let Some(crate::Transfer::H2d { src, dst }) = copies.next() {
+                return c.copy_h2d(src, dst);
+            }
         }
-        Ok(())
+        c.copy_batch(copies)
     }
 
+    /// Copies chunk `r` of every output out of `slot`, as [`Self::copy_in`].
     fn copy_out(&self, c: &mut Commands<'_>, r: &Range<usize>, slot: usize) -> Result<()> {
-        for (a, &k) in self.outs.iter().zip(&self.out_at) {
+        let mut copies = self.outs.iter().zip(&self.out_at).map(|(a, &k)| {
             let bytes = r.len() * a.size;
             // SAFETY: as for copy_in; outputs are borrowed exclusively (the
             // job owns them and no other view of them exists).
@@ -594,9 +603,14 @@ impl Placement<'_> {
                     host_slice_mut::<u8>(a.ptr.add(r.start * a.size), bytes, a.device_id),
                 )
             };
-            c.copy_d2h(d, h)?;
+            crate::Transfer::d2h(d, h)
+        });
+        if self.outs.len() == 1 {
+            if let Some(crate::Transfer::D2h { src, dst }) = copies.next() {
+                return c.copy_d2h(src, dst);
+            }
         }
-        Ok(())
+        c.copy_batch(copies)
     }
 }
 
