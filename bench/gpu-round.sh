@@ -15,6 +15,11 @@
 #                                   peer, the Python benchmark, fewer bytes, waits,
 #                                   chunk-cost (no full demonstration, no load test)
 #   bash bench/gpu-round.sh parts   only what focus adds to quick (a call's time is limited)
+#   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
+#                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
+#                                   status), the multi-device tests and memcheck on them,
+#                                   `host topology`, `host multi-gpu` (ours against plain driver
+#                                   copies and cuMemcpyPeerAsync), the PyTorch peer of it
 #
 # Bundle first: ../shared/tools/gpu-bundle, then `git rev-parse HEAD > .gpu/COMMIT`.
 # Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
@@ -44,7 +49,22 @@ san() {  # tool, test name, extra args
     > "$R/logs/san/$tool-$t.log" 2>&1 || { fail=1; note "$tool $t FAILED"; }
   grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|^test result" "$R/logs/san/$tool-$t.log" | sed "s/^/$tool $t: /" | tee -a "$R/logs/summary.log"
 }
-if [ "$mode" != bench ] && [ "$mode" != parts ]; then
+if [ "$mode" = multi ]; then
+  M="$R/multi"; mkdir -p "$M"
+  note "multi-device: links, tests, topology, multi-gpu, PyTorch peer"
+  { nvidia-smi -L; nvidia-smi topo -m; nvidia-smi nvlink -s; nvidia-smi topo -p2p r; nvidia-smi topo -p2p w; nvidia-smi topo -p2p n; } > "$M/links.txt" 2>&1
+  exe=$(ls .gpu/tests/multi_device-* 2>/dev/null | head -1)
+  REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$M/multi_device_tests.log" 2>&1 || { fail=1; note "MULTI-DEVICE TESTS FAILED"; }
+  tail -3 "$M/multi_device_tests.log" | tee -a "$R/logs/summary.log"
+  san memcheck multi_device --leak-check full
+  timeout 60 .gpu/bin/host --out-dir "$M" topology > "$M/topology.log" 2>&1 || { fail=1; note "TOPOLOGY FAILED"; }
+  timeout 400 .gpu/bin/host --out-dir "$M" multi-gpu > "$M/multi.log" 2>&1 || { fail=1; note "MULTI-GPU FAILED"; }
+  grep -vE "^wrote" "$M/multi.log" | tee -a "$R/logs/summary.log"
+  timeout 200 python3 bench/peers/torch_multi.py --out "$M/pytorch-multi.json" > "$M/torch-multi.log" 2>&1 || { fail=1; note "TORCH MULTI FAILED"; }
+  cat "$M/torch-multi.log" | tee -a "$R/logs/summary.log"
+fi
+
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

@@ -399,24 +399,53 @@ pub(crate) mod raw {
             Ok(b)
         }
 
-        /// One copy (H2D or D2H) of the buffers' bytes, in ms, host clock.
-        pub fn copy_ms(&self, b: &Buffers, h2d: bool) -> host::Result<f64> {
-            let t = Instant::now();
-            // SAFETY: live allocations of b.bytes; synchronized before returning.
+        /// Makes this handle's context current on the calling thread (before
+        /// allocating on one of several devices).
+        pub fn bind(&self) -> host::Result<()> {
+            self._ctx.bind_to_thread().map_err(|e| host::Error::Driver {
+                call: "cuCtxSetCurrent",
+                code: format!("{:?}", e.0),
+            })
+        }
+
+        /// Enqueues one copy (H2D or D2H) of the buffers' bytes on this
+        /// handle's stream, without waiting.
+        ///
+        /// # Safety
+        /// Nothing may free `b` before [`Raw::sync`] returns.
+        pub unsafe fn enqueue(&self, b: &Buffers, h2d: bool) -> host::Result<()> {
+            // SAFETY: live allocations of b.bytes (the caller keeps them until
+            // the stream is synchronized); the stream is ours.
             unsafe {
                 if h2d {
                     check(
                         sys::cuMemcpyHtoDAsync_v2(b.dev, b.host, b.bytes, self.stream),
                         "cuMemcpyHtoDAsync",
-                    )?;
+                    )
                 } else {
                     check(
                         sys::cuMemcpyDtoHAsync_v2(b.host, b.dev, b.bytes, self.stream),
                         "cuMemcpyDtoHAsync",
-                    )?;
+                    )
                 }
-                check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")?;
             }
+        }
+
+        /// Waits until everything enqueued on this handle's stream is done.
+        pub fn sync(&self) -> host::Result<()> {
+            // SAFETY: our live stream.
+            check(
+                unsafe { sys::cuStreamSynchronize(self.stream) },
+                "cuStreamSynchronize",
+            )
+        }
+
+        /// One copy (H2D or D2H) of the buffers' bytes, in ms, host clock.
+        pub fn copy_ms(&self, b: &Buffers, h2d: bool) -> host::Result<f64> {
+            let t = Instant::now();
+            // SAFETY: `b` outlives this call, which synchronizes before returning.
+            unsafe { self.enqueue(b, h2d)? };
+            self.sync()?;
             Ok(t.elapsed().as_secs_f64() * 1e3)
         }
     }
@@ -433,6 +462,66 @@ pub(crate) mod raw {
             unsafe {
                 sys::cuMemFree_v2(self.dev);
                 sys::cuMemFreeHost(self.host);
+            }
+        }
+    }
+
+    /// Device memory of one device, from `cuMemAlloc` (peer-copy baselines).
+    pub struct DevAlloc {
+        pub(crate) ptr: sys::CUdeviceptr,
+        bytes: usize,
+        ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    }
+
+    impl Raw {
+        /// `bytes` of device memory on this handle's device.
+        pub fn device_alloc(&self, bytes: usize) -> host::Result<DevAlloc> {
+            self.bind()?;
+            let mut ptr = 0;
+            // SAFETY: out-pointer to a local; the context is current.
+            check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes) }, "cuMemAlloc")?;
+            Ok(DevAlloc {
+                ptr,
+                bytes,
+                ctx: self._ctx.clone(),
+            })
+        }
+
+        /// A `cuMemcpyPeerAsync` of `bytes` from `src` (this handle's device)
+        /// to `dst` (memory of `dst_ctx`'s device) on this handle's stream,
+        /// in ms, host clock.
+        pub fn peer_ms(&self, dst: &DevAlloc, src: &DevAlloc, bytes: usize) -> host::Result<f64> {
+            if bytes > dst.bytes || bytes > src.bytes {
+                return Err(host::Error::InvalidArgument(
+                    "a peer copy longer than its buffers".into(),
+                ));
+            }
+            self.bind()?;
+            let t = Instant::now();
+            // SAFETY: two live allocations of at least `bytes` (checked), each
+            // in its own context; synchronized before returning.
+            let r = unsafe {
+                sys::cuMemcpyPeerAsync(
+                    dst.ptr,
+                    dst.ctx.cu_ctx(),
+                    src.ptr,
+                    src.ctx.cu_ctx(),
+                    bytes,
+                    self.stream,
+                )
+            };
+            check(r, "cuMemcpyPeerAsync")?;
+            self.sync()?;
+            Ok(t.elapsed().as_secs_f64() * 1e3)
+        }
+    }
+
+    impl Drop for DevAlloc {
+        fn drop(&mut self) {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: our allocation; every copy on it was synchronized.
+            unsafe {
+                sys::cuMemFree_v2(self.ptr);
             }
         }
     }

@@ -9,6 +9,7 @@ pub mod fmt;
 pub mod kernels;
 pub mod latency;
 pub mod load;
+pub mod multi_gpu;
 pub mod pipeline;
 pub mod plots;
 pub mod ptx;
@@ -249,7 +250,7 @@ pub fn topology(opts: &DeviceOptions, out: &Path) -> host::Result<()> {
 /// `host multi-gpu`.
 pub async fn multi_gpu(opts: &DeviceOptions, small: bool, out: &Path) -> host::Result<()> {
     let devices = all_devices(opts)?;
-    devices::run(&devices, small, out).await.map(|_| ())
+    multi_gpu::run(&devices, small, out).await.map(|_| ())
 }
 
 /// `host bandwidth`.
