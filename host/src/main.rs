@@ -87,6 +87,18 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         runs: usize,
     },
+    /// Where an awaited copy's time goes: one copy at a time waited for by
+    /// the driver's stream wait, an event wait, a hand-off to another thread
+    /// (plain driver calls), and by ours (CUDA only).
+    WaitPath {
+        /// Bytes per copy, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "4096,1048576")]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 200)]
+        copies: usize,
+        #[arg(long, default_value_t = 15)]
+        rounds: usize,
+    },
     /// The machine's devices: PCIe links, NUMA nodes, peer access.
     Topology,
     /// Several devices: copies per device alone and all at once, one array
@@ -217,6 +229,11 @@ fn run(cli: Cli) -> host::Result<()> {
             });
             demo::waits::run(&device, n, runs, &out)
         }
+        Cmd::WaitPath {
+            sizes,
+            copies,
+            rounds,
+        } => demo::wait_path::run(&device, &sizes, copies, rounds, &out),
         Cmd::Topology => demo::topology(&opts, &out),
         Cmd::MultiGpu => host::block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {

@@ -399,6 +399,11 @@ pub(crate) mod raw {
             Ok(b)
         }
 
+        /// The handle's context (to make it current on another thread).
+        pub fn context(&self) -> std::sync::Arc<cudarc::driver::CudaContext> {
+            self._ctx.clone()
+        }
+
         /// Makes this handle's context current on the calling thread (before
         /// allocating on one of several devices).
         pub fn bind(&self) -> host::Result<()> {

@@ -15,6 +15,7 @@ pub mod plots;
 pub mod ptx;
 pub mod report;
 pub mod small;
+pub mod wait_path;
 pub mod waits;
 
 use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
