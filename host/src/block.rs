@@ -148,11 +148,26 @@ pub(crate) fn offer(c: &Completion) {
     let _ = c;
 }
 
+/// Whether `block_on` asks offered completions' sources directly (a
+/// benchmark hook turns it off to measure what it saves).
+#[cfg_attr(loom, allow(dead_code))]
+static PROBES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns [`block_on`]'s direct questions to completion sources on or off
+/// (benchmark hook: `host::testing::set_block_on_probes`).
+#[cfg_attr(not(feature = "hooks"), allow(dead_code))]
+pub(crate) fn set_probes(on: bool) {
+    PROBES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Asks the offered completion's source whether it was reached (completing
 /// it, which wakes this thread's `block_on`, on a yes).
 fn probe_offered() {
     #[cfg(not(loom))]
     {
+        if !PROBES.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let Some(c) = OFFERED.with(|o| o.try_borrow_mut().ok()?.as_mut()?.take()) else {
             return;
         };

@@ -10,9 +10,14 @@
 //!   shape of our watcher and `host::block_on`, in plain driver calls;
 //! - `handoff_query`: the same, the other thread looping on `cuEventQuery`;
 //! - `ours_run_sync`: `Stream::run_sync` with `copy_h2d`;
-//! - `ours_awaited`: `host::block_on(stream.run(.. copy_h2d ..))`.
+//! - `ours_awaited`: `host::block_on(stream.run(.. copy_h2d ..))`;
+//! - `ours_awaited_no_probe`: the same with `block_on`'s direct question to
+//!   the event turned off (a benchmark hook): the wait ends by the watcher's
+//!   hand-off alone.
 //!
-//! Each way: microseconds per copy (median of rounds of `copies` copies).
+//! Each way: microseconds per copy (median of rounds of `copies` copies),
+//! and of that the time to issue (the driver calls, or `stream.run`
+//! returning its job; not split for `run_sync`).
 //! The differences say what the event record, the hand-off to a second
 //! thread and our own layers each cost. CUDA only.
 
@@ -36,9 +41,10 @@ enum Way {
     HandoffQuery,
     OursRunSync,
     OursAwaited,
+    OursAwaitedNoProbe,
 }
 
-const WAYS: [Way; 7] = [
+const WAYS: [Way; 8] = [
     Way::StreamSync,
     Way::EventSync,
     Way::EventQuery,
@@ -46,6 +52,7 @@ const WAYS: [Way; 7] = [
     Way::HandoffQuery,
     Way::OursRunSync,
     Way::OursAwaited,
+    Way::OursAwaitedNoProbe,
 ];
 
 #[derive(Serialize)]
@@ -53,6 +60,8 @@ struct Row {
     bytes: usize,
     way: Way,
     us_per_copy: f64,
+    /// Of which issuing (None: not split).
+    issue_us: Option<f64>,
     /// us_per_copy over stream_sync's, same size.
     over_stream_sync: f64,
 }
@@ -160,18 +169,22 @@ fn raw_round(
     helper: &Helper,
     way: Way,
     copies: usize,
-) -> host::Result<f64> {
+) -> host::Result<(f64, f64)> {
     let t = Instant::now();
+    let mut issue = 0.0;
     for _ in 0..copies {
+        let t0 = Instant::now();
         // SAFETY: `b` outlives the round, and every copy is waited for
         // below before the next is issued.
         unsafe { r.enqueue(b, true)? };
         if way == Way::StreamSync {
+            issue += t0.elapsed().as_secs_f64();
             r.sync()?;
             continue;
         }
         // SAFETY: a live event of this context, recorded on our stream.
         check(unsafe { sys::cuEventRecord(ev, r.stream) }, "cuEventRecord")?;
+        issue += t0.elapsed().as_secs_f64();
         match way {
             // SAFETY: as above.
             Way::EventSync => check(unsafe { sys::cuEventSynchronize(ev) }, "cuEventSynchronize")?,
@@ -187,7 +200,7 @@ fn raw_round(
             _ => helper.wait(ev, true)?,
         }
     }
-    Ok(t.elapsed().as_secs_f64())
+    Ok((t.elapsed().as_secs_f64(), issue))
 }
 
 /// Runs `rounds` rounds (after a warm-up) of `copies` copies per way and size.
@@ -217,31 +230,47 @@ pub fn run(
             DeviceBuffer::<u8>::new(device, bytes)?,
         ));
         let mut times = vec![Vec::new(); WAYS.len()];
+        let mut issues = vec![Vec::new(); WAYS.len()];
         for round in 0..=rounds {
             for (k, &way) in WAYS.iter().enumerate() {
-                let s = match way {
-                    Way::OursRunSync | Way::OursAwaited => {
+                let (s, issue) = match way {
+                    Way::OursRunSync => {
                         let mut p = pair
                             .take()
                             .ok_or_else(|| host::Error::Internal("lost the buffers".into()))?;
                         let t = Instant::now();
                         for _ in 0..copies {
-                            (p, ()) = if way == Way::OursRunSync {
-                                stream
-                                    .run_sync(p, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))?
-                            } else {
-                                host::block_on(
-                                    stream.run(p, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut())),
-                                )?
-                            };
+                            (p, ()) = stream
+                                .run_sync(p, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))?;
                         }
                         pair = Some(p);
-                        t.elapsed().as_secs_f64()
+                        (t.elapsed().as_secs_f64(), None)
                     }
-                    _ => raw_round(&r, &b, ev, &helper, way, copies)?,
+                    Way::OursAwaited | Way::OursAwaitedNoProbe => {
+                        host::testing::set_block_on_probes(way == Way::OursAwaited);
+                        let mut p = pair
+                            .take()
+                            .ok_or_else(|| host::Error::Internal("lost the buffers".into()))?;
+                        let t = Instant::now();
+                        let mut issue = 0.0;
+                        for _ in 0..copies {
+                            let t0 = Instant::now();
+                            let job = stream.run(p, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()));
+                            issue += t0.elapsed().as_secs_f64();
+                            (p, ()) = host::block_on(job)?;
+                        }
+                        host::testing::set_block_on_probes(true);
+                        pair = Some(p);
+                        (t.elapsed().as_secs_f64(), Some(issue))
+                    }
+                    _ => {
+                        let (s, issue) = raw_round(&r, &b, ev, &helper, way, copies)?;
+                        (s, Some(issue))
+                    }
                 };
                 if round > 0 {
                     times[k].push(s * 1e6 / copies as f64);
+                    issues[k].extend(issue.map(|i| i * 1e6 / copies as f64));
                 }
             }
         }
@@ -252,6 +281,7 @@ pub fn run(
                 bytes,
                 way,
                 us_per_copy: us,
+                issue_us: (!issues[k].is_empty()).then(|| median(&issues[k])),
                 over_stream_sync: us / base,
             });
         }
