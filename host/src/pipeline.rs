@@ -42,6 +42,7 @@ use crate::pool::PooledBuffer;
 use crate::stream::{Commands, Event, Job, Mark, Stream};
 use bytemuck::Pod;
 use std::any::TypeId;
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -614,6 +615,11 @@ impl Placement<'_> {
     }
 }
 
+thread_local! {
+    /// The pipelines (their state's address) whose stage runs on this thread.
+    static IN_STAGE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
 /// What a run does on the device to each chunk.
 type StageFn<'f> = &'f dyn for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>;
 
@@ -891,7 +897,20 @@ impl Pipeline {
         // One run's commands reach each stream as one unbroken sequence, and
         // each slot's first use waits for its last use by earlier runs
         // (`RunState::free`), so runs may start from many tasks at once. The
-        // lock covers enqueueing only, microseconds; never a wait.
+        // lock covers enqueueing only, microseconds; never a wait. A stage
+        // runs under it, so a stage starting a run of this same pipeline
+        // would wait for itself: refused instead.
+        let me = std::ptr::from_ref(&self.state) as usize;
+        if IN_STAGE.with(|s| s.borrow().contains(&me)) {
+            return Job::failed(
+                Error::InvalidArgument(
+                    "a pipeline stage started a run of its own pipeline (it would wait \
+                     for itself): use another Pipeline, or the stage's Commands"
+                        .into(),
+                ),
+                Some(bundle),
+            );
+        }
         let mut guard = crate::completion::lock(&self.state);
         let st = &mut *guard;
         let scratch = match self.scratch(st, slots, sizes, longest) {
@@ -958,7 +977,19 @@ impl Pipeline {
             }
             Ok(())
         };
-        let outcome = enqueue();
+        // A panic in the stage must not free the bundle under the commands
+        // already queued: caught here, it ends the run like an error (the
+        // bundle is dropped once that work is done), then goes on.
+        IN_STAGE.with(|s| s.borrow_mut().push(me));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut enqueue));
+        IN_STAGE.with(|s| s.borrow_mut().retain(|&p| p != me));
+        let (outcome, panicked) = match caught {
+            Ok(outcome) => (outcome, None),
+            Err(panic) => (
+                Err(Error::Internal("a pipeline stage panicked".into())),
+                Some(panic),
+            ),
+        };
         let enqueued: usize = cmds.iter().map(|c| c.enqueued()).sum();
         drop(cmds);
         drop(layout);
@@ -986,6 +1017,15 @@ impl Pipeline {
             guard.shape = (Vec::new(), 0);
         }
         drop(guard);
+        if let Some(panic) = panicked {
+            let held = (bundle, scratch);
+            match joined {
+                Ok(all) => all.defer(move || drop(held)),
+                Err(_) if enqueued > 0 && self.device.broken().is_none() => std::mem::forget(held),
+                Err(_) => drop(held),
+            }
+            std::panic::resume_unwind(panic);
+        }
         match joined {
             Ok(all) => {
                 let value = outcome.map(|()| RunInfo {

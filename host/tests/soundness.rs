@@ -3,7 +3,10 @@
 //! the types now close are `compile_fail` tests in `src/guarantees.rs`; these
 //! are the ones closed at run time:
 //! - a panic inside a batch no longer frees or recycles its buffers while the
-//!   commands it enqueued are queued (`run` and `run_sync`);
+//!   commands it enqueued are queued (`run` and `run_sync`), nor does a
+//!   panic in a pipeline stage (`run_stage`);
+//! - a pipeline stage that starts a run of its own pipeline gets an error,
+//!   not a deadlock;
 //! - a pipeline's timeline points measure on CUDA as on the CPU;
 //! - `Device::synchronize` waits for queued work and for the releases of
 //!   cancelled jobs, on the CPU emulation too;
@@ -100,6 +103,108 @@ fn a_panic_inside_a_batch_keeps_its_buffers_until_the_queued_commands_finish(dev
             "sync={sync}: released once done"
         );
     }
+}
+
+host::backend_tests!(
+    a_panic_in_a_pipeline_stage_keeps_the_runs_arrays_until_the_queued_work_finishes
+);
+fn a_panic_in_a_pipeline_stage_keeps_the_runs_arrays_until_the_queued_work_finishes(
+    device: host::Device,
+) {
+    let _serial = serial();
+    let n = 1 << 16;
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 2).unwrap();
+    let data = random(n, 21);
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let output = pool.alloc::<f32>(n).unwrap();
+    drop(pool.alloc::<f32>(n).unwrap()); // a cached block of the class, for later
+                                         // Chunk 0's stage holds its stream on a gate; chunk 1's stage panics.
+    let gate: &'static MappedFlag = Box::leak(Box::new(MappedFlag::new(&device).unwrap()));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(pipe.run_stage(
+            (input,),
+            (output,),
+            Plan::uniform(2, 2),
+            false,
+            |c, chunk| {
+                if chunk.index() == 1 {
+                    panic!("a bug in the user's stage");
+                }
+                c.gate(gate)?;
+                c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
+            },
+        ))
+    }));
+    assert!(panicked.is_err(), "the panic reaches the caller");
+    // The run's two arrays stay lent out while chunk 0's work is queued, so
+    // a new allocation of the class gets the cached block, not the output
+    // chunk 0's D2H will write.
+    let mine_data = random(n, 22);
+    let mut mine = pool.alloc::<f32>(n).unwrap();
+    mine.as_mut_slice().copy_from_slice(&mine_data);
+    assert_eq!(
+        pool.stats().blocks_in_use,
+        3,
+        "{}: a panicked stage's arrays went back to the pool under queued work",
+        device.kind()
+    );
+    gate.set(1);
+    device.synchronize().unwrap();
+    assert_eq!(mine.as_slice(), &mine_data[..]);
+    drop(mine);
+    assert_eq!(pool.stats().blocks_in_use, 0, "released once done");
+    // The pipeline still works afterwards (fresh scratch), results right.
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let output = pool.alloc::<f32>(n).unwrap();
+    let k = Kernel::Scale { s: 3.0 };
+    let ((input, output), _) =
+        block_on(pipe.run(input, output, k, Plan::uniform(4, 2), false)).unwrap();
+    let (checked, bad) = host::testing::verify(k, input.as_slice(), output.as_slice());
+    assert!(checked > 0 && bad == 0);
+}
+
+host::backend_tests!(a_stage_that_starts_a_run_of_its_own_pipeline_gets_an_error_not_a_deadlock);
+fn a_stage_that_starts_a_run_of_its_own_pipeline_gets_an_error_not_a_deadlock(
+    device: host::Device,
+) {
+    let _serial = serial();
+    let n = 4096;
+    let pool = PinnedPool::new(&device);
+    let pipe = Pipeline::new(&device, 2).unwrap();
+    let data = random(n, 31);
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let output = pool.alloc::<f32>(n).unwrap();
+    let inner_errors = std::sync::Mutex::new(Vec::new());
+    let job = pipe.run_stage(
+        (input,),
+        (output,),
+        Plan::uniform(2, 2),
+        false,
+        |c, chunk| {
+            let (a, b) = (
+                PinnedBuffer::<f32>::from_slice(c.device(), &[1.0, 2.0]).unwrap(),
+                PinnedBuffer::<f32>::new(c.device(), 2).unwrap(),
+            );
+            let inner = pipe.run(a, b, Kernel::Scale { s: 2.0 }, Plan::uniform(1, 1), false);
+            let err = block_on(inner).expect_err("a run of the pipeline from its own stage");
+            assert!(err.bundle.is_some(), "the inner run's arrays come back");
+            inner_errors.lock().unwrap().push(err.error);
+            c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
+        },
+    );
+    let (((input,), (output,)), _) = block_on(job).expect("the outer run goes on");
+    assert_eq!(input.as_slice(), &data[..]);
+    assert_eq!(output.as_slice(), &data[..]);
+    let errs = inner_errors.into_inner().unwrap();
+    assert_eq!(errs.len(), 2);
+    assert!(
+        errs.iter().all(|e| matches!(e, Error::InvalidArgument(_))),
+        "{errs:?}"
+    );
 }
 
 host::backend_tests!(timeline_points_of_a_pipeline_run_measure_on_every_backend);
