@@ -148,11 +148,15 @@ impl Completion {
                 std::mem::take(&mut s.deferred),
             )
         };
+        // A waker or a deferred action is user code (a bundle's `Drop`): a
+        // panic in one must not end the completion source's thread, whose
+        // queue holds other points (and their cancelled jobs' buffers, still
+        // in use by the GPU). It is reported and the rest run.
         for waker in wakers {
-            waker.wake();
+            contain("a waker", move || waker.wake());
         }
         for action in deferred {
-            action();
+            contain("the release of a cancelled job's buffers", action);
         }
     }
 
@@ -225,6 +229,13 @@ impl Future for Wait {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         self.c.poll_done(cx)
+    }
+}
+
+/// Runs `f`, reporting a panic in it on stderr instead of passing it on.
+fn contain(what: &str, f: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        eprintln!("host: {what} panicked at a completion; the panic was contained so later completions are still delivered");
     }
 }
 
@@ -358,6 +369,29 @@ mod tests {
             h.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(hits.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_panicking_deferred_action_or_waker_is_contained_and_the_rest_still_run() {
+        struct Bomb;
+        impl std::task::Wake for Bomb {
+            fn wake(self: Arc<Self>) {
+                panic!("a user's waker panics");
+            }
+        }
+        let c = Completion::new();
+        let hits = Arc::new(AtomicUsize::new(0));
+        c.defer(|| panic!("a bundle's Drop panics"));
+        let h = hits.clone();
+        c.defer(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+        });
+        let waker = Waker::from(Arc::new(Bomb));
+        let mut cx = Context::from_waker(&waker);
+        assert!(c.poll_done(&mut cx).is_pending());
+        c.complete(Ok(())); // returns: nothing escapes to the completing thread
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        assert!(c.result().unwrap().is_ok());
     }
 
     #[test]

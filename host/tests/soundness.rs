@@ -7,6 +7,8 @@
 //!   panic in a pipeline stage (`run_stage`);
 //! - a pipeline stage that starts a run of its own pipeline gets an error,
 //!   not a deadlock;
+//! - a cancelled job's bundle whose `Drop` panics (on the completion
+//!   thread) does not stop later jobs of the stream from completing;
 //! - a pipeline's timeline points measure on CUDA as on the CPU;
 //! - `Device::synchronize` waits for queued work and for the releases of
 //!   cancelled jobs, on the CPU emulation too;
@@ -205,6 +207,47 @@ fn a_stage_that_starts_a_run_of_its_own_pipeline_gets_an_error_not_a_deadlock(
         errs.iter().all(|e| matches!(e, Error::InvalidArgument(_))),
         "{errs:?}"
     );
+}
+
+host::backend_tests!(a_bundle_whose_drop_panics_on_the_completion_thread_stops_nothing);
+fn a_bundle_whose_drop_panics_on_the_completion_thread_stops_nothing(device: host::Device) {
+    let _serial = serial();
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("a user's Drop panics");
+        }
+    }
+    let n = 1 << 16;
+    let pool = PinnedPool::new(&device);
+    let stream = Stream::new(&device).unwrap();
+    let data = random(n, 41);
+    let mut h = pool.alloc::<f32>(n).unwrap();
+    h.as_mut_slice().copy_from_slice(&data);
+    let d = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let (d2, out) = (
+        DeviceBuffer::<f32>::new(&device, n).unwrap(),
+        pool.alloc::<f32>(n).unwrap(),
+    );
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    // Cancelled: its bundle (the Bomb) is dropped on the completion thread.
+    drop(stream.run((Bomb, h, d), |c, (_, h, d)| {
+        c.copy_h2d(h.host(), d.view_mut())
+    }));
+    // Cancelled after it: its bundle waits in the completion source's queue.
+    drop(stream.copy_d2h(d2, out));
+    gate.set(1);
+    // Later jobs on the same stream still complete, with the right bytes.
+    let mut h = pool.alloc::<f32>(n).unwrap();
+    h.as_mut_slice().copy_from_slice(&data);
+    let back = pool.alloc::<f32>(n).unwrap();
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let ((_h, dev), ()) =
+        block_on(stream.copy_h2d(h, dev)).expect("a job after the panicking release completes");
+    let ((_dev, back), ()) = block_on(stream.copy_d2h(dev, back)).expect("and the next one");
+    assert_eq!(back.as_slice(), &data[..]);
+    device.synchronize().unwrap();
 }
 
 host::backend_tests!(timeline_points_of_a_pipeline_run_measure_on_every_backend);
