@@ -203,8 +203,14 @@ pub(crate) trait Backend: Send + Sync {
 
     /// Loads a PTX module.
     fn load_module(&self, ptx: &str) -> Result<RawModule>;
-    /// The entry point `name` of `module`.
-    fn get_function(&self, module: &std::sync::Arc<RawModule>, name: &str) -> Result<RawFunction>;
+    /// The entry point `name` of `module`, whose parameters must have the
+    /// byte sizes `sizes` (checked where the driver tells: CUDA 12.4+).
+    fn get_function(
+        &self,
+        module: &std::sync::Arc<RawModule>,
+        name: &str,
+        sizes: &[usize],
+    ) -> Result<RawFunction>;
 
     fn new_stream(&self) -> Result<Box<dyn RawStream>>;
     /// Milliseconds between two timed events: [`Error::NotReady`](crate::Error::NotReady)

@@ -270,7 +270,12 @@ impl Backend for CpuBackend {
         Ok(RawModule::Cpu)
     }
 
-    fn get_function(&self, module: &Arc<RawModule>, _name: &str) -> Result<RawFunction> {
+    fn get_function(
+        &self,
+        module: &Arc<RawModule>,
+        _name: &str,
+        _sizes: &[usize],
+    ) -> Result<RawFunction> {
         match **module {
             RawModule::Cpu => Ok(RawFunction::Cpu),
             RawModule::Cuda(_) => Err(Error::InvalidArgument("a module of another backend".into())),

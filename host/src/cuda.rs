@@ -105,6 +105,30 @@ fn poll_event(shared: &Shared, ev: sys::CUevent) -> Result<()> {
     }
 }
 
+/// Checks that the PTX entry `func` (named `name`) takes parameters of the
+/// byte sizes `sizes`, in order: a declaration launched against an entry of
+/// the same name from other PTX would hand it parameters it does not expect.
+fn check_params(func: sys::CUfunction, name: &str, sizes: &[usize]) -> Result<()> {
+    let mut found = Vec::new();
+    loop {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: two out-pointers to locals; the function is loaded. An
+        // index past the last parameter is an error, which ends the list.
+        let r = unsafe { sys::cuFuncGetParamInfo(func, found.len(), &mut offset, &mut size) };
+        if r != CUresult::CUDA_SUCCESS || found.len() > 256 {
+            break;
+        }
+        found.push(size);
+    }
+    if found != sizes {
+        return Err(Error::InvalidArgument(format!(
+            "kernel `{name}`: the PTX entry takes parameters of {found:?} bytes, the \
+             declaration {sizes:?}: the module was not built from this declaration"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the driver library; no other precondition.
@@ -174,6 +198,9 @@ pub(crate) struct Shared {
     ordered: Option<OrderedMem>,
     /// The driver has `cuMemcpyBatchAsync_v2` (CUDA 13.0 and later).
     batch_copies: bool,
+    /// The driver reports a kernel's parameters (`cuFuncGetParamInfo`,
+    /// CUDA 12.4+).
+    param_info: bool,
 }
 
 /// Stream-ordered device memory (`cuMemAllocFromPoolAsync` /
@@ -567,6 +594,7 @@ impl CudaBackend {
                 has_parked: AtomicBool::new(false),
                 ordered,
                 batch_copies: version >= 13000,
+                param_info: version >= 12040,
             }),
             info,
         })
@@ -864,7 +892,12 @@ impl Backend for CudaBackend {
         })))
     }
 
-    fn get_function(&self, module: &Arc<RawModule>, name: &str) -> Result<RawFunction> {
+    fn get_function(
+        &self,
+        module: &Arc<RawModule>,
+        name: &str,
+        sizes: &[usize],
+    ) -> Result<RawFunction> {
         let RawModule::Cuda(m) = &**module else {
             return Err(Error::InvalidArgument("a module of another backend".into()));
         };
@@ -877,6 +910,9 @@ impl Backend for CudaBackend {
                 call: "cuModuleGetFunction",
                 code: code_name(e.0),
             })?;
+        if self.shared.param_info {
+            check_params(func, name, sizes)?;
+        }
         Ok(RawFunction::Cuda(FunctionHandle {
             func,
             _module: m.clone(),

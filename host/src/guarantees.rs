@@ -178,7 +178,7 @@
 //!     /// Doubles `x`.
 //!     pub unsafe fn double(x: host::kernel_abi::SliceMut<f32>) {}
 //! }
-//! let f = host::Module::from_ptx(device, "")?.function::<double>()?;
+//! let f = unsafe { host::Module::from_ptx(device, "")? }.function::<double>()?;
 //! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
 //! let job = stream.run(dev, move |c, d| {
 //!     c.launch(&f, host::LaunchConfig::SINGLE, (d.view(),)) // read-only view
@@ -191,11 +191,20 @@
 //!     /// Scales `x` by `s`.
 //!     pub unsafe fn scale_by(x: host::kernel_abi::SliceMut<f32>, s: f32) {}
 //! }
-//! let f = host::Module::from_ptx(device, "")?.function::<scale_by>()?;
+//! let f = unsafe { host::Module::from_ptx(device, "")? }.function::<scale_by>()?;
 //! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
 //! let job = stream.run(dev, move |c, d| {
 //!     c.launch(&f, host::LaunchConfig::SINGLE, (d.view_mut(), 2.0f64)) // f64 for f32
 //! });
+//! # Ok(()) }
+//! ```
+//! The declaration and the PTX are tied by the kernel's name only, so loading
+//! PTX is `unsafe`: the caller promises it was built from the crate whose
+//! declarations it launches (an entry of the same name elsewhere, say
+//! `scale` over `f32`s declared over `u8`s, would write out of bounds).
+//! ```compile_fail,E0133
+//! # fn f(device: &host::Device) -> host::Result<()> {
+//! let m = host::Module::from_ptx(device, host::ptx::PTX)?;
 //! # Ok(()) }
 //! ```
 //!

@@ -72,11 +72,22 @@ impl Module {
     /// with `include_str!`) on `device`. On the CPU emulation nothing is
     /// loaded: kernels run from their host build.
     ///
+    /// # Safety
+    /// A kernel is found in the module by its name alone, then launched
+    /// with the parameters its declaration ([`kernel_abi::kernels!`]) lists:
+    /// every kernel taken from this module with [`Module::function`] must be
+    /// declared by the kernel crate `ptx` was built from (by
+    /// `kernel-builder`, from the same source). An entry of the same name
+    /// from other PTX would get parameters it does not expect (a
+    /// `SliceMut<u8>` where it writes `f32`s: out of bounds). Where the
+    /// driver reports parameter sizes (CUDA 12.4+), `function` refuses an
+    /// entry whose sizes differ, but element types have no size there.
+    ///
     /// # Errors
     /// The driver's error when the PTX does not load (`cuModuleLoadData`:
     /// a target newer than the GPU, say); `InvalidArgument` for text with a
     /// NUL byte.
-    pub fn from_ptx(device: &Device, ptx: &str) -> Result<Module> {
+    pub unsafe fn from_ptx(device: &Device, ptx: &str) -> Result<Module> {
         Ok(Module {
             raw: Arc::new(device.backend.load_module(ptx)?),
             device: device.clone(),
@@ -87,10 +98,17 @@ impl Module {
     ///
     /// # Errors
     /// The driver's error when the module has no entry point `K::NAME`
-    /// (a module of another kernel crate, or a stale build).
+    /// (a module of another kernel crate, or a stale build);
+    /// `InvalidArgument` when the entry's parameter sizes differ from the
+    /// declaration's (CUDA 12.4+ drivers).
     pub fn function<K: KernelDecl>(&self) -> Result<Function<K>> {
+        let sizes = <K::Params as Params>::SIZES;
         Ok(Function {
-            raw: Arc::new(self.device.backend.get_function(&self.raw, K::NAME)?),
+            raw: Arc::new(
+                self.device
+                    .backend
+                    .get_function(&self.raw, K::NAME, sizes)?,
+            ),
             device_id: self.device.id(),
             _k: PhantomData,
         })
@@ -370,7 +388,9 @@ pub(crate) struct Builtins {
 
 impl Builtins {
     pub fn load(device: &Device) -> Result<Builtins> {
-        let m = Module::from_ptx(device, crate::ptx::PTX)?;
+        // SAFETY: `ptx::PTX` is gpu-kernels' PTX, built by this crate's
+        // build script from the crate that declares the kernels taken below.
+        let m = unsafe { Module::from_ptx(device, crate::ptx::PTX)? };
         Ok(Builtins {
             scale: m.function()?,
             saxpy: m.function()?,

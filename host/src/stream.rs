@@ -722,7 +722,9 @@ impl<'a> Commands<'a> {
     ///     }
     /// }
     /// # let ptx = "";
-    /// let f = Module::from_ptx(device, ptx)?.function::<axpby>()?;
+    /// // SAFETY: `ptx` is the PTX kernel-builder built from the crate that
+    /// // declares `axpby` (here the declaration above).
+    /// let f = unsafe { Module::from_ptx(device, ptx)? }.function::<axpby>()?;
     /// let (x, y) = (DeviceBuffer::<f32>::new(device, 1 << 20)?, DeviceBuffer::<f32>::new(device, 1 << 20)?);
     /// let ((x, y), ()) = stream
     ///     .run((x, y), move |c, (x, y)| {

@@ -7,6 +7,8 @@
 //!   panic in a pipeline stage (`run_stage`);
 //! - a pipeline stage that starts a run of its own pipeline gets an error,
 //!   not a deadlock;
+//! - a kernel declaration whose parameters differ in size from the PTX
+//!   entry of its name is refused when its function is taken (CUDA);
 //! - a cancelled job's bundle whose `Drop` panics (on the completion
 //!   thread) does not stop later jobs of the stream from completing;
 //! - a pipeline's timeline points measure on CUDA as on the CPU;
@@ -248,6 +250,35 @@ fn a_bundle_whose_drop_panics_on_the_completion_thread_stops_nothing(device: hos
     let ((_dev, back), ()) = block_on(stream.copy_d2h(dev, back)).expect("and the next one");
     assert_eq!(back.as_slice(), &data[..]);
     device.synchronize().unwrap();
+}
+
+mod mismatched {
+    // Named like gpu-kernels' `scale(SliceMut<f32>, f32)`, with other parameters.
+    host::kernel_abi::kernels! {
+        /// Two parameters where the entry has two of other sizes.
+        pub unsafe fn scale(x: host::kernel_abi::SliceMut<u8>, s: u8) {}
+        /// No parameters where the entry has three.
+        pub unsafe fn saxpy() {}
+    }
+}
+
+host::backend_tests!(a_declaration_that_does_not_match_the_ptx_entry_of_its_name_is_refused);
+fn a_declaration_that_does_not_match_the_ptx_entry_of_its_name_is_refused(device: host::Device) {
+    // SAFETY (of the test): the contract is broken on purpose, and no
+    // function of the module is launched; on CUDA the sizes are checked
+    // when the function is taken.
+    let m = unsafe { host::Module::from_ptx(&device, host::ptx::PTX) }.unwrap();
+    let right = m.function::<gpu_kernels::scale>();
+    let wrong = m.function::<mismatched::scale>().map(|_| ());
+    let none = m.function::<mismatched::saxpy>().map(|_| ());
+    assert!(right.is_ok(), "{:?}", right.err());
+    if device.kind() == host::BackendKind::Cuda {
+        assert!(matches!(wrong, Err(Error::InvalidArgument(_))), "{wrong:?}");
+        assert!(matches!(none, Err(Error::InvalidArgument(_))), "{none:?}");
+    } else {
+        // The CPU emulation loads no PTX: it runs each declaration's own body.
+        assert!(wrong.is_ok() && none.is_ok());
+    }
 }
 
 host::backend_tests!(timeline_points_of_a_pipeline_run_measure_on_every_backend);

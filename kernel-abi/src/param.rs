@@ -162,6 +162,9 @@ impl<T> SliceMut<T> {
 pub unsafe trait Params: Copy + 'static {
     /// Number of parameters.
     const COUNT: usize;
+    /// Each parameter's size in bytes, in order (what the PTX entry's
+    /// parameter list must match).
+    const SIZES: &'static [usize];
     /// Calls `f` with a pointer to each parameter, in order.
     fn pointers(&mut self, f: &mut dyn FnMut(*mut c_void));
 }
@@ -171,6 +174,7 @@ macro_rules! tuple_params {
         // SAFETY: one pointer per field, in order, into self.
         unsafe impl<$($t: Param),*> Params for ($($t,)*) {
             const COUNT: usize = $n;
+            const SIZES: &'static [usize] = &[$(core::mem::size_of::<$t>()),*];
             #[allow(unused_variables)]
             fn pointers(&mut self, f: &mut dyn FnMut(*mut c_void)) {
                 $( f((&mut self.$i as *mut $t).cast()); )*

@@ -327,7 +327,10 @@ const USER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/bf16_kernels.ptx"
 
 impl UserKernels {
     fn load(device: &host::Device) -> host::Result<UserKernels> {
-        let m = host::Module::from_ptx(device, USER_PTX)?;
+        // SAFETY: USER_PTX is bf16-kernels' PTX, built by this crate's
+        // build.rs (kernel-builder) from the crate that declares the kernels
+        // taken below.
+        let m = unsafe { host::Module::from_ptx(device, USER_PTX)? };
         Ok(UserKernels {
             scale_bf16: m.function()?,
             scale_bf16_f32: m.function()?,

@@ -65,7 +65,9 @@ pub struct Kernels {
 /// # Errors
 /// The driver's error when the PTX does not load or lacks a kernel.
 pub fn load(device: &Device) -> Result<Kernels> {
-    let module = Module::from_ptx(device, PTX)?;
+    // SAFETY: PTX is bf16-kernels' PTX, built by this package's build.rs
+    // (kernel-builder) from the crate that declares the kernels taken below.
+    let module = unsafe { Module::from_ptx(device, PTX)? };
     Ok(Kernels {
         widen_bf16: module.function()?,
         narrow_f32: module.function()?,
