@@ -57,7 +57,7 @@ pub(crate) struct CpuBackend {
 }
 
 /// Alignment of emulated device allocations (cudaMalloc gives 256).
-const DEVICE_ALIGN: usize = 256;
+use crate::memory::DEVICE_ALIGN;
 
 impl CpuBackend {
     /// One emulated device (ordinal 0).

@@ -42,6 +42,22 @@ impl<T: Pod> std::fmt::Debug for PinnedBuffer<T> {
     }
 }
 
+/// The alignment every device allocation has (CUDA's `cuMemAlloc` gives
+/// at least 256 bytes; the CPU emulation allocates so): element types
+/// aligned beyond it are refused in device memory.
+pub(crate) const DEVICE_ALIGN: usize = 256;
+
+/// Refuses element types aligned beyond [`DEVICE_ALIGN`] for device memory.
+pub(crate) fn check_device_align<T>() -> Result<()> {
+    if std::mem::align_of::<T>() > DEVICE_ALIGN {
+        return Err(Error::InvalidArgument(format!(
+            "alignment {} of the element type exceeds device memory's {DEVICE_ALIGN}",
+            std::mem::align_of::<T>()
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn check_align<T>() -> Result<()> {
     if std::mem::align_of::<T>() > MAX_HOST_ALIGN {
         return Err(Error::InvalidArgument(format!(
@@ -320,7 +336,13 @@ impl<T: Pod> std::fmt::Debug for DeviceBuffer<T> {
 
 impl<T: Pod> DeviceBuffer<T> {
     /// Allocates `len` values on the device.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an element type aligned beyond 256 bytes (what
+    /// device allocations guarantee); `SizeOverflow`; the backend's
+    /// allocation error.
     pub fn new(device: &Device, len: usize) -> Result<Self> {
+        check_device_align::<T>()?;
         let bytes = byte_size::<T>(len)?;
         let ptr = device.backend.alloc_device(bytes)?;
         device
@@ -755,8 +777,13 @@ pub(crate) fn check_len(what: &'static str, expected: usize, got: usize) -> Resu
 /// # Safety
 /// `ptr` valid for reads of `len` initialised `T` for `'a` (any pointer when `len == 0`).
 pub(crate) unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
-    if len == 0 {
-        return &[];
+    if len == 0 || std::mem::size_of::<T>() == 0 {
+        // No bytes to read (an empty range, or a zero-sized type, whose
+        // buffers have no allocation): a dangling, aligned pointer is valid.
+        // SAFETY: as said; `len` zero-sized values need no memory.
+        return unsafe {
+            std::slice::from_raw_parts(std::ptr::NonNull::<T>::dangling().as_ptr(), len)
+        };
     }
     // SAFETY: the caller's contract.
     unsafe { std::slice::from_raw_parts(ptr, len) }
@@ -765,8 +792,11 @@ pub(crate) unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
 /// # Safety
 /// `ptr` valid for reads and writes of `len` initialised `T`, unaliased for `'a`.
 pub(crate) unsafe fn raw_slice_mut<'a, T>(ptr: *mut T, len: usize) -> &'a mut [T] {
-    if len == 0 {
-        return &mut [];
+    if len == 0 || std::mem::size_of::<T>() == 0 {
+        // SAFETY: as in `raw_slice`.
+        return unsafe {
+            std::slice::from_raw_parts_mut(std::ptr::NonNull::<T>::dangling().as_ptr(), len)
+        };
     }
     // SAFETY: the caller's contract.
     unsafe { std::slice::from_raw_parts_mut(ptr, len) }

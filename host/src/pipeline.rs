@@ -502,6 +502,7 @@ impl<'a> Chunk<'a> {
                 std::any::type_name::<T>()
             )));
         }
+        crate::memory::check_device_align::<T>()?;
         Ok((*addr, self.range.len()))
     }
 

@@ -9,6 +9,8 @@
 //!   not a deadlock;
 //! - a kernel declaration whose parameters differ in size from the PTX
 //!   entry of its name is refused when its function is taken (CUDA);
+//! - buffers of a zero-sized element type read as slices of that length;
+//!   element types aligned beyond device memory's 256 bytes are refused;
 //! - a cancelled job's bundle whose `Drop` panics (on the completion
 //!   thread) does not stop later jobs of the stream from completing;
 //! - a pipeline's timeline points measure on CUDA as on the CPU;
@@ -279,6 +281,19 @@ fn a_declaration_that_does_not_match_the_ptx_entry_of_its_name_is_refused(device
         // The CPU emulation loads no PTX: it runs each declaration's own body.
         assert!(wrong.is_ok() && none.is_ok());
     }
+}
+
+host::backend_tests!(zero_sized_elements_read_as_slices_and_over_aligned_ones_are_refused);
+fn zero_sized_elements_read_as_slices_and_over_aligned_ones_are_refused(device: host::Device) {
+    let mut b = PinnedBuffer::<()>::new(&device, 3).unwrap();
+    assert_eq!(b.as_slice().len(), 3);
+    assert_eq!(b.as_mut_slice().len(), 3);
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(C, align(512))]
+    struct Block([u8; 512]);
+    let r = DeviceBuffer::<Block>::new(&device, 4);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{:?}", r.err());
+    assert!(DeviceBuffer::<[u8; 512]>::new(&device, 4).is_ok());
 }
 
 host::backend_tests!(timeline_points_of_a_pipeline_run_measure_on_every_backend);
