@@ -269,6 +269,77 @@ fn cuda_only(device: &Device, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Checks that `addr .. addr + bytes` is device memory of `device` (one
+/// allocation, as the driver records it): what an importer of a foreign
+/// array's raw address (`__cuda_array_interface__`, DLPack) does before
+/// handing the range to commands, so a wrong or forged address (host memory,
+/// another GPU's, past an allocation's end) is refused instead of reaching
+/// the GPU.
+///
+/// # Errors
+/// `InvalidArgument` naming what does not hold; `BackendUnavailable` on the
+/// CPU emulation.
+pub fn check_foreign_device_range(device: &Device, addr: u64, bytes: usize) -> Result<()> {
+    use cudarc::driver::sys::{self, CUpointer_attribute as A};
+    cuda_only(device, "checking foreign device memory")?;
+    let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).map_err(drv)?;
+    ctx.bind_to_thread().map_err(drv)?;
+    let refuse = |why: String| {
+        Err(Error::InvalidArgument(format!(
+            "foreign array at {addr:#x} ({bytes} bytes): {why}"
+        )))
+    };
+    let (mut kind, mut ordinal, mut start, mut size) = (0u32, -1i32, 0u64, 0usize);
+    // SAFETY: each call writes one value of the attribute's documented type
+    // (CUmemorytype as u32, int, CUdeviceptr, size_t) into a local of that
+    // size; any address may be asked about (unknown ones are an error).
+    let asked = unsafe {
+        [
+            sys::cuPointerGetAttribute(
+                (&raw mut kind).cast(),
+                A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                addr,
+            ),
+            sys::cuPointerGetAttribute(
+                (&raw mut ordinal).cast(),
+                A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            ),
+            sys::cuPointerGetAttribute(
+                (&raw mut start).cast(),
+                A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                addr,
+            ),
+            sys::cuPointerGetAttribute(
+                (&raw mut size).cast(),
+                A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                addr,
+            ),
+        ]
+    };
+    if let Some(r) = asked.iter().find(|r| **r != sys::CUresult::CUDA_SUCCESS) {
+        return refuse(format!(
+            "the driver does not know it as device memory ({r:?})"
+        ));
+    }
+    if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        return refuse(format!("memory type {kind}, not device memory"));
+    }
+    if usize::try_from(ordinal).ok() != Some(device.info().ordinal) {
+        return refuse(format!(
+            "memory of device {ordinal}, not of device {}",
+            device.info().ordinal
+        ));
+    }
+    let end = addr.checked_add(bytes as u64);
+    if addr < start || end.is_none_or(|e| e > start.saturating_add(size as u64)) {
+        return refuse(format!(
+            "not inside its allocation ({start:#x}, {size} bytes)"
+        ));
+    }
+    Ok(())
+}
+
 /// Makes the foreign CUDA stream `foreign` (a PyTorch or CuPy stream
 /// handle) wait, on the GPU, for everything queued so far on `stream`:
 /// records an event on `stream` and enqueues `cuStreamWaitEvent` on

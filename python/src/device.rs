@@ -207,7 +207,8 @@ impl DevMem {
                 // were waited for when it was wrapped (`as_device_array`).
                 // What other code does with that memory meanwhile is the
                 // caller's (documented) responsibility, as with any foreign
-                // device pointer; it can't reach host memory.
+                // device pointer; the driver knew the range as this device's
+                // memory when it was imported (`check_foreign_device_range`).
                 unsafe { host::interop::device_slice_mut(device, *addr, *bytes) }
             }
         }
@@ -543,6 +544,9 @@ pub fn as_device_array(
         ));
     };
     let nbytes = nbytes(&imported.shape, imported.dtype)?;
+    // The address is the producer's word: the driver must know it as memory
+    // of this device, long enough, before any command gets it.
+    host::interop::check_foreign_device_range(&device, imported.addr, nbytes).py()?;
     Ok(DeviceArray {
         state: State::Ready(DevMem::Foreign {
             addr: imported.addr,

@@ -118,6 +118,11 @@ impl Pipeline {
         let out = crate::ops::pinned(output, "the output")?;
         {
             let b = out.borrow();
+            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
+                return Err(crate::to_py(host::Error::InvalidArgument(
+                    "the output array is on another device than the pipeline".into(),
+                )));
+            }
             if b.dtype != DType::F32 {
                 return Err(PyTypeError::new_err(format!(
                     "the output must be float32, not {}",
@@ -214,7 +219,7 @@ impl Pipeline {
             Owner::Dev(out.clone().unbind()),
         ];
         let mut slots = take_all(py, &owners)?.into_iter();
-        let (Some(Slot::Host(i)), Some(Slot::Dev(mut o))) = (slots.next(), slots.next()) else {
+        let (Some(Slot::Host(i)), Some(Slot::Dev(o))) = (slots.next(), slots.next()) else {
             return Err(crate::InternalError::new_err("pipeline slots"));
         };
         let i = match Typed::<f32>::new(i) {
@@ -225,10 +230,8 @@ impl Pipeline {
                 return Err(crate::to_py(e));
             }
         };
+        // The output is on the pipeline's device (checked above).
         let (addr, device) = (o.addr(), self.device.clone());
-        // The view's checks (the device's identity) happen on the first chunk;
-        // take the whole view once here to fail early on a foreign device.
-        let _ = o.view_mut();
         let job = py.detach(move || {
             self.inner
                 .run_stage((i,), host::KeepAlive(o), plan, false, move |c, chunk| {

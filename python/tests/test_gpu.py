@@ -62,6 +62,36 @@ def test_device_array_zero_copy_both_libraries(cuda_device, torch_cuda, cupy_mod
         gpufeed.Stream(cuda_device).scale(dev2, 2.0)
 
 
+class _FakeCai:
+    """A duck-typed array whose __cuda_array_interface__ says what we tell it."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {
+            "shape": (n,), "typestr": "<f4", "data": (ptr, False), "version": 3,
+        }
+
+
+def test_a_forged_cuda_array_interface_is_refused_not_used(cuda_device, torch_cuda):
+    torch = torch_cuda
+    alloc = gpufeed.PinnedAllocator(cuda_device)
+    victim = alloc.alloc(1 << 16)
+    np.asarray(victim)[:] = 7.0
+    # Pinned host memory posing as device memory.
+    with pytest.raises(gpufeed.InvalidArgumentError, match="not device memory"):
+        gpufeed.as_device_array(_FakeCai(victim.ptr, 1 << 16), cuda_device)
+    # A real device allocation, claimed longer than it is.
+    t = torch.zeros(16, device="cuda")
+    with pytest.raises(gpufeed.InvalidArgumentError, match="inside its allocation"):
+        gpufeed.as_device_array(_FakeCai(t.data_ptr(), 1 << 30), cuda_device)
+    # An address the driver does not know.
+    with pytest.raises(gpufeed.InvalidArgumentError):
+        gpufeed.as_device_array(_FakeCai(0x10, 4), cuda_device)
+    # The honest one still works.
+    ok = gpufeed.as_device_array(_FakeCai(t.data_ptr(), 16), cuda_device)
+    assert ok.ptr == t.data_ptr()
+    assert (np.asarray(victim) == 7.0).all()
+
+
 def test_torch_tensor_as_pipeline_output_written_in_place(cuda_device, torch_cuda):
     torch = torch_cuda
     x = random_f32(N, 1)
