@@ -266,9 +266,9 @@ mod mismatched {
 
 host::backend_tests!(a_declaration_that_does_not_match_the_ptx_entry_of_its_name_is_refused);
 fn a_declaration_that_does_not_match_the_ptx_entry_of_its_name_is_refused(device: host::Device) {
-    // SAFETY (of the test): the contract is broken on purpose, and no
-    // function of the module is launched; on CUDA the sizes are checked
-    // when the function is taken.
+    // SAFETY: the contract is broken on purpose, but no function of the
+    // module is launched: on CUDA the sizes are checked when the function is
+    // taken, which is what this test is about.
     let m = unsafe { host::Module::from_ptx(&device, host::ptx::PTX) }.unwrap();
     let right = m.function::<gpu_kernels::scale>();
     let wrong = m.function::<mismatched::scale>().map(|_| ());
