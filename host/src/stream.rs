@@ -607,8 +607,10 @@ impl<'a> Commands<'a> {
     /// when a copy's destination overlaps another copy's source or
     /// destination, or (device to device) its own source; `InvalidArgument`
     /// for memory of another device. An error from the driver may come
-    /// after part of the batch was enqueued: the job then keeps its bundle
-    /// (leaked, never freed under the GPU).
+    /// after part of the batch was enqueued: the batch counts as enqueued,
+    /// so the job hands the bundle back only after a point recorded after
+    /// it (or leaks it where that point can't be recorded), never under the
+    /// GPU.
     pub fn copy_batch<T: Pod>(
         &mut self,
         transfers: impl IntoIterator<Item = crate::Transfer<'a, T>>,
