@@ -204,7 +204,7 @@ pub(crate) trait Backend: Send + Sync {
     /// Loads a PTX module.
     fn load_module(&self, ptx: &str) -> Result<RawModule>;
     /// The entry point `name` of `module`, whose parameters must have the
-    /// byte sizes `sizes` (checked where the driver tells: CUDA 12.4+).
+    /// byte sizes `sizes` (checked where the PTX text lists them).
     fn get_function(
         &self,
         module: &std::sync::Arc<RawModule>,

@@ -35,7 +35,7 @@ use crate::kernel::RawLaunch;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::CudaContext;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -103,30 +103,6 @@ fn poll_event(shared: &Shared, ev: sys::CUevent) -> Result<()> {
         }
         std::thread::sleep(POLL_INTERVAL);
     }
-}
-
-/// Checks that the PTX entry `func` (named `name`) takes parameters of the
-/// byte sizes `sizes`, in order: a declaration launched against an entry of
-/// the same name from other PTX would hand it parameters it does not expect.
-fn check_params(func: sys::CUfunction, name: &str, sizes: &[usize]) -> Result<()> {
-    let mut found = Vec::new();
-    loop {
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: two out-pointers to locals; the function is loaded. An
-        // index past the last parameter is an error, which ends the list.
-        let r = unsafe { sys::cuFuncGetParamInfo(func, found.len(), &mut offset, &mut size) };
-        if r != CUresult::CUDA_SUCCESS || found.len() > 256 {
-            break;
-        }
-        found.push(size);
-    }
-    if found != sizes {
-        return Err(Error::InvalidArgument(format!(
-            "kernel `{name}`: the PTX entry takes parameters of {found:?} bytes, the \
-             declaration {sizes:?}: the module was not built from this declaration"
-        )));
-    }
-    Ok(())
 }
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -198,9 +174,6 @@ pub(crate) struct Shared {
     ordered: Option<OrderedMem>,
     /// The driver has `cuMemcpyBatchAsync_v2` (CUDA 13.0 and later).
     batch_copies: bool,
-    /// The driver reports a kernel's parameters (`cuFuncGetParamInfo`,
-    /// CUDA 12.4+).
-    param_info: bool,
 }
 
 /// Stream-ordered device memory (`cuMemAllocFromPoolAsync` /
@@ -430,6 +403,8 @@ impl Shared {
 pub(crate) struct ModuleHandle {
     module: sys::CUmodule,
     shared: Arc<Shared>,
+    /// Each entry's parameter sizes, read from the PTX text.
+    entries: std::collections::HashMap<String, Vec<usize>>,
 }
 // SAFETY: CUmodule is an opaque driver handle; the driver API is thread-safe.
 unsafe impl Send for ModuleHandle {}
@@ -594,7 +569,6 @@ impl CudaBackend {
                 has_parked: AtomicBool::new(false),
                 ordered,
                 batch_copies: version >= 13000,
-                param_info: version >= 12040,
             }),
             info,
         })
@@ -889,6 +863,7 @@ impl Backend for CudaBackend {
         Ok(RawModule::Cuda(Arc::new(ModuleHandle {
             module,
             shared: self.shared.clone(),
+            entries: crate::ptx_entries::entry_params(ptx),
         })))
     }
 
@@ -910,8 +885,13 @@ impl Backend for CudaBackend {
                 call: "cuModuleGetFunction",
                 code: code_name(e.0),
             })?;
-        if self.shared.param_info {
-            check_params(func, name, sizes)?;
+        if let Some(found) = m.entries.get(name) {
+            if found != sizes {
+                return Err(Error::InvalidArgument(format!(
+                    "kernel `{name}`: the PTX entry takes parameters of {found:?} bytes, the \
+                     declaration {sizes:?}: the module was not built from this declaration"
+                )));
+            }
         }
         Ok(RawFunction::Cuda(FunctionHandle {
             func,
@@ -931,14 +911,17 @@ impl Backend for CudaBackend {
         self.shared.check("cuStreamCreate", r)?;
         let (tx, rx) = mpsc::channel();
         let shared = self.shared.clone();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = sent.clone();
         let thread = std::thread::Builder::new()
             .name("cuda-watcher".into())
-            .spawn(move || watch(shared, rx))
+            .spawn(move || watch(shared, rx, &counted))
             .map_err(|e| Error::Internal(format!("cannot start a watcher thread: {e}")))?;
         Ok(Box::new(CudaStream {
             stream: StreamHandle(s),
             shared: self.shared.clone(),
             watcher: Mutex::new(Some(tx)),
+            sent,
             thread: Mutex::new(Some(thread)),
         }))
     }
@@ -975,7 +958,8 @@ type WatchTx = mpsc::Sender<(Arc<EventHandle>, Completion)>;
 type WatchRx = mpsc::Receiver<(Arc<EventHandle>, Completion)>;
 
 /// The watcher: completes each recorded point of one stream, in order.
-fn watch(shared: Arc<Shared>, rx: WatchRx) {
+/// `sent` counts the points sent on `rx`.
+fn watch(shared: Arc<Shared>, rx: WatchRx, sent: &AtomicUsize) {
     crate::completion::mark_completion_thread();
     let bound = shared.bind();
     let poll = shared.wait_mode == WaitMode::Poll;
@@ -983,7 +967,8 @@ fn watch(shared: Arc<Shared>, rx: WatchRx) {
         tight_timer_slack();
     }
     let spin = shared.wait_mode == WaitMode::Spin;
-    while let Some((event, completion)) = next_point(&rx, spin) {
+    let mut taken = 0usize;
+    while let Some((event, completion)) = next_point(&rx, spin, sent, &mut taken) {
         let result = match (bound.clone(), shared.usable()) {
             (Err(e), _) | (_, Err(e)) => Err(e),
             _ if poll => poll_event(&shared, event.ev),
@@ -1005,23 +990,35 @@ fn watch(shared: Arc<Shared>, rx: WatchRx) {
 const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// The next point recorded on the watcher's stream, in order; `None` once
-/// the stream is gone. With `spin`, the queue is polled for [`IDLE_SPIN`]
-/// before blocking.
-fn next_point(rx: &WatchRx, spin: bool) -> Option<(Arc<EventHandle>, Completion)> {
+/// the stream is gone. With `spin`, the count of points sent (`sent`, of
+/// which `taken` were received) is watched for [`IDLE_SPIN`] before the
+/// thread blocks in the channel.
+fn next_point(
+    rx: &WatchRx,
+    spin: bool,
+    sent: &AtomicUsize,
+    taken: &mut usize,
+) -> Option<(Arc<EventHandle>, Completion)> {
     if spin {
         let start = std::time::Instant::now();
-        loop {
-            match rx.try_recv() {
-                Ok(point) => return Some(point),
-                Err(mpsc::TryRecvError::Disconnected) => return None,
-                Err(mpsc::TryRecvError::Empty) if start.elapsed() < IDLE_SPIN => {
-                    std::hint::spin_loop()
-                }
-                Err(mpsc::TryRecvError::Empty) => break,
+        while sent.load(Ordering::Acquire) == *taken && start.elapsed() < IDLE_SPIN {
+            std::hint::spin_loop();
+        }
+        // Counted after the send: a count ahead of `taken` means a point
+        // waits in the channel (or the count is stale: the blocking receive
+        // below then waits for it).
+        match rx.try_recv() {
+            Ok(point) => {
+                *taken += 1;
+                return Some(point);
             }
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => {}
         }
     }
-    rx.recv().ok()
+    let point = rx.recv().ok()?;
+    *taken += 1;
+    Some(point)
 }
 
 struct StreamHandle(sys::CUstream);
@@ -1034,6 +1031,10 @@ struct CudaStream {
     stream: StreamHandle,
     shared: Arc<Shared>,
     watcher: Mutex<Option<WatchTx>>,
+    /// Points sent to the watcher so far: what a spinning watcher watches
+    /// (one word) instead of the channel, whose lines the sender then
+    /// writes without a reader pulling them away at every look.
+    sent: Arc<AtomicUsize>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -1251,6 +1252,7 @@ impl RawStream for CudaStream {
             .ok_or_else(|| Error::Internal("the stream's watcher has stopped".into()))?
             .send((event.clone(), completion.clone()))
             .map_err(|_| Error::Internal("the stream's watcher has stopped".into()))?;
+        self.sent.fetch_add(1, Ordering::Release);
         Ok(RawEvent {
             completion,
             // The handle is kept for cross-stream waits; only timed events can be

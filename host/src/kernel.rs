@@ -80,8 +80,10 @@ impl Module {
     /// `kernel-builder`, from the same source). An entry of the same name
     /// from other PTX would get parameters it does not expect (a
     /// `SliceMut<u8>` where it writes `f32`s: out of bounds). Where the
-    /// driver reports parameter sizes (CUDA 12.4+), `function` refuses an
-    /// entry whose sizes differ, but element types have no size there.
+    /// PTX text lists the entry's parameters, `function` refuses an entry
+    /// whose parameter sizes differ from the declaration's, but element
+    /// types have no size there (a `SliceMut<u8>` and a `SliceMut<f32>` are
+    /// both 16 bytes).
     ///
     /// # Errors
     /// The driver's error when the PTX does not load (`cuModuleLoadData`:
@@ -99,8 +101,8 @@ impl Module {
     /// # Errors
     /// The driver's error when the module has no entry point `K::NAME`
     /// (a module of another kernel crate, or a stale build);
-    /// `InvalidArgument` when the entry's parameter sizes differ from the
-    /// declaration's (CUDA 12.4+ drivers).
+    /// `InvalidArgument` when the entry's parameter sizes, as the PTX text
+    /// lists them, differ from the declaration's.
     pub fn function<K: KernelDecl>(&self) -> Result<Function<K>> {
         let sizes = <K::Params as Params>::SIZES;
         Ok(Function {

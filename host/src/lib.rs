@@ -52,6 +52,7 @@ mod numa;
 mod pipeline;
 mod pool;
 pub mod ptx;
+mod ptx_entries;
 mod stream;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
