@@ -1,6 +1,6 @@
 //! `host wait-path`: where an awaited copy's time goes beyond the driver's
 //! own wait. One copy at a time (H2D, pinned host memory), issued and
-//! waited for in seven ways, the ways taking turns round by round:
+//! waited for in eight ways, the ways taking turns round by round:
 //!
 //! - `stream_sync`: `cuMemcpyHtoDAsync` + `cuStreamSynchronize` (the raw copy);
 //! - `event_sync`: + `cuEventRecord`, then `cuEventSynchronize`, same thread;
@@ -291,17 +291,18 @@ pub fn run(
     unsafe {
         sys::cuEventDestroy_v2(ev);
     }
-    println!("one H2D copy at a time, waited for in seven ways (µs per copy, medians of {rounds} rounds of {copies}):");
+    println!("one H2D copy at a time, waited for in eight ways (µs per copy, medians of {rounds} rounds of {copies}):");
     println!(
-        "{:<16} {:>10} {:>10} {:>8}",
-        "way", "bytes", "µs/copy", "÷ raw"
+        "{:<20} {:>10} {:>10} {:>10} {:>8}",
+        "way", "bytes", "µs/copy", "issue µs", "÷ raw"
     );
     for row in &rows {
         println!(
-            "{:<16} {:>10} {:>10.2} {:>7.3}x",
+            "{:<20} {:>10} {:>10.2} {:>10} {:>7.3}x",
             format!("{:?}", row.way),
             row.bytes,
             row.us_per_copy,
+            row.issue_us.map_or("-".into(), |i| format!("{i:.2}")),
             row.over_stream_sync
         );
     }
