@@ -18,7 +18,6 @@
 //! stays busy for at most [`SPIN`] per wait; [`block_on_spinning`] with
 //! zero parks at once.
 
-use crate::completion::Completion;
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU8, Ordering};
 #[cfg(loom)]
@@ -115,119 +114,11 @@ pub fn block_on_spinning<F: Future>(future: F, spin: Duration) -> F::Output {
     let waker = Waker::from(signal.clone());
     let mut cx = Context::from_waker(&waker);
     let mut future = pin!(future);
-    let _offers = Offers::open();
     loop {
         if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
             return out;
         }
         wait(&signal, spin);
-    }
-}
-
-#[cfg(not(loom))]
-thread_local! {
-    /// Inside a `block_on` on this thread (`Some`): the completion a poll
-    /// last found pending whose source can be asked directly
-    /// ([`Completion::probe`]); the spin asks it between looks.
-    static OFFERED: std::cell::RefCell<Option<Option<Completion>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// Offers `c` to a `block_on` running on this thread (if any), to ask its
-/// source directly while spinning. Called by a poll that found `c` pending.
-pub(crate) fn offer(c: &Completion) {
-    #[cfg(not(loom))]
-    OFFERED.with(|o| {
-        if let Ok(mut o) = o.try_borrow_mut() {
-            if let Some(slot) = o.as_mut() {
-                *slot = Some(c.clone());
-            }
-        }
-    });
-    #[cfg(loom)]
-    let _ = c;
-}
-
-/// Whether `block_on` asks offered completions' sources directly (a
-/// benchmark hook turns it off to measure what it saves).
-#[cfg_attr(loom, allow(dead_code))]
-static PROBES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Turns [`block_on`]'s direct questions to completion sources on or off
-/// (benchmark hook: `host::testing::set_block_on_probes`).
-#[cfg_attr(not(feature = "hooks"), allow(dead_code))]
-pub(crate) fn set_probes(on: bool) {
-    PROBES.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Asks the offered completion's source whether it was reached (completing
-/// it, which wakes this thread's `block_on`, on a yes).
-fn probe_offered() {
-    #[cfg(not(loom))]
-    {
-        if !PROBES.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let Some(c) = OFFERED.with(|o| o.try_borrow_mut().ok()?.as_mut()?.take()) else {
-            return;
-        };
-        // No borrow is held here: completing runs wakers and deferred
-        // actions, which may poll (and offer) again.
-        if !c.probe() {
-            OFFERED.with(|o| {
-                if let Ok(mut o) = o.try_borrow_mut() {
-                    if let Some(slot @ None) = o.as_mut() {
-                        *slot = Some(c);
-                    }
-                }
-            });
-        }
-    }
-}
-
-/// This `block_on`'s offer slot, open while it runs; an enclosing
-/// `block_on`'s slot is put back when it ends (or unwinds).
-struct Offers {
-    #[cfg(not(loom))]
-    outer: Option<Option<Completion>>,
-}
-
-impl Offers {
-    fn open() -> Offers {
-        Offers {
-            #[cfg(not(loom))]
-            outer: OFFERED.with(|o| {
-                o.try_borrow_mut()
-                    .map(|mut o| o.replace(None))
-                    .ok()
-                    .flatten()
-            }),
-        }
-        .with_slot()
-    }
-
-    fn with_slot(self) -> Offers {
-        #[cfg(not(loom))]
-        OFFERED.with(|o| {
-            if let Ok(mut o) = o.try_borrow_mut() {
-                *o = Some(None);
-            }
-        });
-        self
-    }
-}
-
-impl Drop for Offers {
-    fn drop(&mut self) {
-        #[cfg(not(loom))]
-        {
-            let outer = self.outer.take();
-            OFFERED.with(|o| {
-                if let Ok(mut o) = o.try_borrow_mut() {
-                    *o = outer;
-                }
-            });
-        }
     }
 }
 
@@ -245,7 +136,6 @@ fn wait(signal: &Signal, spin: Duration) {
         if start.elapsed() >= spin {
             break;
         }
-        probe_offered();
         // A short wait (a small copy's) is watched closely; past
         // `CLOSE_SPIN` the core is yielded between looks, so a thread that
         // has work on it (a CPU-emulation stream worker, the watcher) gets
@@ -392,81 +282,5 @@ mod tests {
         }
         block_on_spinning(SelfWake(false), Duration::ZERO);
         block_on(SelfWake(false));
-    }
-
-    /// Says "reached" from its `after`-th question on; counts the questions.
-    struct CountingProbe {
-        asked: std::sync::atomic::AtomicUsize,
-        after: usize,
-    }
-
-    impl crate::completion::Probe for CountingProbe {
-        fn reached(&self) -> bool {
-            self.asked.fetch_add(1, Ordering::SeqCst) + 1 >= self.after
-        }
-    }
-
-    fn probed(after: usize) -> (Completion, Arc<CountingProbe>) {
-        let p = Arc::new(CountingProbe {
-            asked: std::sync::atomic::AtomicUsize::new(0),
-            after,
-        });
-        (Completion::with_probe(p.clone()), p)
-    }
-
-    #[test]
-    fn a_spinning_block_on_asks_the_source_directly_and_ends_the_wait_itself() {
-        // Nothing else completes it: only the probe can end this wait.
-        let (c, p) = probed(50);
-        assert!(block_on_spinning(c.wait(), Duration::from_secs(5)).is_ok());
-        assert!(c.is_done());
-        assert!(p.asked.load(Ordering::SeqCst) >= 50);
-    }
-
-    #[test]
-    fn a_block_on_that_does_not_spin_leaves_the_completion_to_its_source() {
-        let (c, p) = probed(1);
-        let source = c.clone();
-        let t = thread::spawn(move || {
-            thread::sleep(Duration::from_millis(5));
-            source.complete(Err(crate::error::Error::ContextBroken("source".into())));
-        });
-        // The source's result arrives, not the probe's success.
-        assert!(block_on_spinning(c.wait(), Duration::ZERO).is_err());
-        t.join().unwrap();
-        assert_eq!(p.asked.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn nested_block_ons_each_ask_their_own_completion_and_restore_the_outer() {
-        let (outer, _) = probed(1_000);
-        let (inner, _) = probed(10);
-        let (o2, i2) = (outer.clone(), inner.clone());
-        let r = block_on_spinning(
-            async move {
-                // The outer wait offers `outer` first (its poll is pending)...
-                let mut first = true;
-                futures::future::poll_fn(|cx| {
-                    if first {
-                        first = false;
-                        let _ = o2.poll_done(cx);
-                        // ...then, inside the same poll, a nested block_on ends
-                        // `inner` through its probe.
-                        let inner_ok = block_on_spinning(i2.wait(), Duration::from_secs(5));
-                        return Poll::Ready(inner_ok);
-                    }
-                    Poll::Pending
-                })
-                .await
-            },
-            Duration::from_secs(5),
-        );
-        assert!(r.is_ok() && inner.is_done());
-        assert!(
-            !outer.is_done(),
-            "the outer completion was never the inner wait's to end"
-        );
-        // The outer slot came back empty after the outer block_on ended.
-        assert!(OFFERED.with(|o| o.borrow().is_none()));
     }
 }

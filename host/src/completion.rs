@@ -54,21 +54,6 @@ struct Inner {
     /// Set once `state.result` is; lets the fast path skip the lock.
     done: AtomicBool,
     state: Mutex<State>,
-    /// Asks the source directly whether the point was reached (see [`Probe`]).
-    probe: Option<std::sync::Arc<dyn Probe>>,
-}
-
-/// A direct question to a completion source: has the point been reached?
-/// (CUDA: `cuEventQuery` on the point's event.) A thread that spins while it
-/// waits anyway ([`crate::block_on`]) asks it between looks and, on a yes,
-/// completes the point itself: the wait then ends without the hand-off from
-/// the completion source's thread (on the H200 about 1 us of each awaited
-/// copy, `host wait-path`). The source still completes every point in order;
-/// whichever comes first counts, and both report the same success.
-pub(crate) trait Probe: Send + Sync {
-    /// True only once the work before the point has finished without error
-    /// (an error, or not knowing, is `false`: the source reports it).
-    fn reached(&self) -> bool;
 }
 
 /// Locks the state, ignoring poisoning (no code path panics holding it).
@@ -99,37 +84,11 @@ impl Default for Completion {
 impl Completion {
     /// A pending completion.
     pub fn new() -> Self {
-        Self::with(None)
-    }
-
-    /// A pending completion whose source can also be asked directly.
-    pub(crate) fn with_probe(probe: std::sync::Arc<dyn Probe>) -> Self {
-        Self::with(Some(probe))
-    }
-
-    fn with(probe: Option<std::sync::Arc<dyn Probe>>) -> Self {
         Completion {
             inner: Arc::new(Inner {
                 done: AtomicBool::new(false),
                 state: Mutex::new(State::default()),
-                probe,
             }),
-        }
-    }
-
-    /// Whether the point was reached, asking the source directly (its
-    /// [`Probe`]) when not completed yet, and completing it with success on
-    /// a yes. False for a completion without a probe that is not done.
-    pub(crate) fn probe(&self) -> bool {
-        if self.is_done() {
-            return true;
-        }
-        match &self.inner.probe {
-            Some(p) if p.reached() => {
-                self.complete(Ok(()));
-                true
-            }
-            _ => false,
         }
     }
 
@@ -197,11 +156,6 @@ impl Completion {
             slot.clone_from(cx.waker());
         } else {
             s.wakers.push(cx.waker().clone());
-        }
-        drop(s);
-        if self.inner.probe.is_some() {
-            // A `block_on` on this thread may ask the source between looks.
-            crate::block::offer(self);
         }
         Poll::Pending
     }

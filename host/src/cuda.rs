@@ -445,19 +445,6 @@ unsafe impl Send for EventHandle {}
 // SAFETY: as above; record/query/synchronize are thread-safe driver calls.
 unsafe impl Sync for EventHandle {}
 
-impl crate::completion::Probe for EventHandle {
-    fn reached(&self) -> bool {
-        if self.shared.usable().is_err() || self.shared.bind().is_err() {
-            return false;
-        }
-        // SAFETY: the event is alive (we are it; a completion holding this
-        // probe keeps it out of the recycling pool) and was recorded before
-        // the completion was made.
-        let r = unsafe { sys::cuEventQuery(self.ev) };
-        r == CUresult::CUDA_SUCCESS
-    }
-}
-
 impl EventHandle {
     /// `cuEventSynchronize` on the calling thread: the baseline the watcher's
     /// wake-up is measured against (a benchmark hook).
@@ -1246,7 +1233,7 @@ impl RawStream for CudaStream {
 
     fn record(&self, timing: bool) -> Result<RawEvent> {
         let event = self.record_event(timing)?;
-        let completion = Completion::with_probe(event.clone());
+        let completion = Completion::new();
         lock(&self.watcher)
             .as_ref()
             .ok_or_else(|| Error::Internal("the stream's watcher has stopped".into()))?

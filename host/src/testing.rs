@@ -18,13 +18,6 @@ pub fn ordered_bytes_in_use(device: &Device) -> Option<u64> {
     device.backend.ordered_bytes_in_use()
 }
 
-/// Turns `host::block_on`'s direct questions to a CUDA point's event
-/// (between looks, instead of waiting for the watcher's hand-off) on or
-/// off: `host wait-path` measures what they save.
-pub fn set_block_on_probes(on: bool) {
-    crate::block::set_probes(on);
-}
-
 /// Whether `REQUIRE_GPU=1` is set: GPU tests must then run, not skip.
 pub fn gpu_required() -> bool {
     std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1")

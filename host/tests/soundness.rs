@@ -161,6 +161,10 @@ fn a_panic_in_a_pipeline_stage_keeps_the_runs_arrays_until_the_queued_work_finis
     assert_eq!(mine.as_slice(), &mine_data[..]);
     drop(mine);
     assert_eq!(pool.stats().blocks_in_use, 0, "released once done");
+    // SAFETY: the gate was leaked above for the stage's `'static` borrow; the
+    // stage is gone and every command that read the gate has finished
+    // (synchronized), so nothing refers to it any more.
+    drop(unsafe { Box::from_raw(std::ptr::from_ref(gate).cast_mut()) });
     // The pipeline still works afterwards (fresh scratch), results right.
     let mut input = pool.alloc::<f32>(n).unwrap();
     input.as_mut_slice().copy_from_slice(&data);

@@ -1,6 +1,6 @@
 //! `host wait-path`: where an awaited copy's time goes beyond the driver's
 //! own wait. One copy at a time (H2D, pinned host memory), issued and
-//! waited for in eight ways, the ways taking turns round by round:
+//! waited for in seven ways, the ways taking turns round by round:
 //!
 //! - `stream_sync`: `cuMemcpyHtoDAsync` + `cuStreamSynchronize` (the raw copy);
 //! - `event_sync`: + `cuEventRecord`, then `cuEventSynchronize`, same thread;
@@ -10,10 +10,7 @@
 //!   shape of our watcher and `host::block_on`, in plain driver calls;
 //! - `handoff_query`: the same, the other thread looping on `cuEventQuery`;
 //! - `ours_run_sync`: `Stream::run_sync` with `copy_h2d`;
-//! - `ours_awaited`: `host::block_on(stream.run(.. copy_h2d ..))`;
-//! - `ours_awaited_no_probe`: the same with `block_on`'s direct question to
-//!   the event turned off (a benchmark hook): the wait ends by the watcher's
-//!   hand-off alone.
+//! - `ours_awaited`: `host::block_on(stream.run(.. copy_h2d ..))`.
 //!
 //! Each way: microseconds per copy (median of rounds of `copies` copies),
 //! and of that the time to issue (the driver calls, or `stream.run`
@@ -41,10 +38,9 @@ enum Way {
     HandoffQuery,
     OursRunSync,
     OursAwaited,
-    OursAwaitedNoProbe,
 }
 
-const WAYS: [Way; 8] = [
+const WAYS: [Way; 7] = [
     Way::StreamSync,
     Way::EventSync,
     Way::EventQuery,
@@ -52,7 +48,6 @@ const WAYS: [Way; 8] = [
     Way::HandoffQuery,
     Way::OursRunSync,
     Way::OursAwaited,
-    Way::OursAwaitedNoProbe,
 ];
 
 #[derive(Serialize)]
@@ -246,8 +241,7 @@ pub fn run(
                         pair = Some(p);
                         (t.elapsed().as_secs_f64(), None)
                     }
-                    Way::OursAwaited | Way::OursAwaitedNoProbe => {
-                        host::testing::set_block_on_probes(way == Way::OursAwaited);
+                    Way::OursAwaited => {
                         let mut p = pair
                             .take()
                             .ok_or_else(|| host::Error::Internal("lost the buffers".into()))?;
@@ -259,7 +253,6 @@ pub fn run(
                             issue += t0.elapsed().as_secs_f64();
                             (p, ()) = host::block_on(job)?;
                         }
-                        host::testing::set_block_on_probes(true);
                         pair = Some(p);
                         (t.elapsed().as_secs_f64(), Some(issue))
                     }
@@ -291,7 +284,7 @@ pub fn run(
     unsafe {
         sys::cuEventDestroy_v2(ev);
     }
-    println!("one H2D copy at a time, waited for in eight ways (µs per copy, medians of {rounds} rounds of {copies}):");
+    println!("one H2D copy at a time, waited for in seven ways (µs per copy, medians of {rounds} rounds of {copies}):");
     println!(
         "{:<20} {:>10} {:>10} {:>10} {:>8}",
         "way", "bytes", "µs/copy", "issue µs", "÷ raw"
