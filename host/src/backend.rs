@@ -8,7 +8,8 @@
 use crate::completion::Completion;
 use crate::error::Result;
 use crate::kernel::RawLaunch;
-use std::time::Instant;
+use std::any::Any;
+use std::sync::Arc;
 
 /// Which backend runs the work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -91,30 +92,44 @@ pub(crate) struct RawEvent {
     pub timing: bool,
 }
 
-/// What measures elapsed time between two recorded points.
+/// A backend's own object behind a handle of the safe layer: opaque above
+/// the backends, so nothing there names a backend's types. Each backend
+/// downcasts its own ([`Opaque::get`]) and refuses another backend's.
 #[derive(Clone)]
-pub(crate) enum Timer {
-    /// A CUDA event created with timing enabled.
-    Cuda(std::sync::Arc<crate::cuda::EventHandle>),
-    /// The CPU backend stamps the instant the point was reached.
-    Cpu(std::sync::Arc<std::sync::OnceLock<Instant>>),
+pub(crate) struct Opaque(Arc<dyn Any + Send + Sync>);
+
+impl Opaque {
+    /// Wraps a backend's object.
+    pub fn new<T: Any + Send + Sync>(value: T) -> Self {
+        Opaque(Arc::new(value))
+    }
+
+    /// Wraps a backend's object that the backend shares itself.
+    pub fn shared<T: Any + Send + Sync>(value: Arc<T>) -> Self {
+        Opaque(value)
+    }
+
+    /// The object, if it is a `T` (one of the asking backend's own).
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+
+    /// The object as shared, if it is a `T`.
+    pub fn get_shared<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.0.clone().downcast().ok()
+    }
 }
 
-/// A loaded PTX module.
-pub(crate) enum RawModule {
-    /// A CUDA module.
-    Cuda(std::sync::Arc<crate::cuda::ModuleHandle>),
-    /// Nothing to load: the CPU emulation runs the kernels' host build.
-    Cpu,
-}
+/// What measures elapsed time between two recorded points (a CUDA event; the
+/// instant the CPU emulation reached the point).
+pub(crate) type Timer = Opaque;
 
-/// A kernel entry point of a loaded module.
-pub(crate) enum RawFunction {
-    /// A CUDA function (keeps its module loaded).
-    Cuda(crate::cuda::FunctionHandle),
-    /// The CPU emulation runs the kernel's host build.
-    Cpu,
-}
+/// A loaded module (a CUDA module; nothing on the CPU emulation, which runs
+/// the kernels' host build).
+pub(crate) type RawModule = Opaque;
+
+/// A kernel entry point of a loaded module (it keeps its module loaded).
+pub(crate) type RawFunction = Opaque;
 
 /// Raw device operations.
 ///
@@ -218,6 +233,17 @@ pub(crate) trait Backend: Send + Sync {
     fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32>;
     /// Blocks until all work on the device is done.
     fn synchronize(&self) -> Result<()>;
+    /// The driver's handle of a recorded point (`CUevent`), where the
+    /// backend has one (for interop).
+    fn event_handle(&self, _timer: &Timer) -> Option<u64> {
+        None
+    }
+    /// Blocks in the driver's own wait for a recorded point, where the
+    /// backend has one (a benchmark baseline); `None` otherwise.
+    #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
+    fn synchronize_event(&self, _timer: &Timer) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// Raw stream operations: each is enqueued and returns at once.

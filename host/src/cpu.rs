@@ -37,6 +37,15 @@ pub enum LockPolicy {
     BestEffort,
 }
 
+/// When a recorded point was reached (set by the stream worker).
+type Stamp = OnceLock<Instant>;
+
+/// The CPU emulation's "module": nothing to load, the kernels' host build runs.
+struct CpuModule;
+
+/// The CPU emulation's kernel entry point: the host build of the kernel.
+struct CpuFunction;
+
 struct Shared {
     broken: OnceLock<Error>,
     workers: usize,
@@ -267,7 +276,7 @@ impl Backend for CpuBackend {
 
     fn load_module(&self, _ptx: &str) -> Result<RawModule> {
         self.shared.usable()?;
-        Ok(RawModule::Cpu)
+        Ok(RawModule::new(CpuModule))
     }
 
     fn get_function(
@@ -276,9 +285,9 @@ impl Backend for CpuBackend {
         _name: &str,
         _sizes: &[usize],
     ) -> Result<RawFunction> {
-        match **module {
-            RawModule::Cpu => Ok(RawFunction::Cpu),
-            RawModule::Cuda(_) => Err(Error::InvalidArgument("a module of another backend".into())),
+        match module.get::<CpuModule>() {
+            Some(CpuModule) => Ok(RawFunction::new(CpuFunction)),
+            None => Err(Error::InvalidArgument("a module of another backend".into())),
         }
     }
 
@@ -304,8 +313,8 @@ impl Backend for CpuBackend {
     }
 
     fn elapsed_ms(&self, start: &Timer, end: &Timer) -> Result<f32> {
-        match (start, end) {
-            (Timer::Cpu(a), Timer::Cpu(b)) => match (a.get(), b.get()) {
+        match (start.get::<Stamp>(), end.get::<Stamp>()) {
+            (Some(a), Some(b)) => match (a.get(), b.get()) {
                 // Signed, as CUDA's: negative when `end` was reached first.
                 (Some(a), Some(b)) if b >= a => Ok(b.duration_since(*a).as_secs_f32() * 1e3),
                 (Some(a), Some(b)) => Ok(-(a.duration_since(*b).as_secs_f32() * 1e3)),
@@ -429,7 +438,7 @@ impl RawStream for CpuStream {
     }
 
     unsafe fn launch(&self, launch: RawLaunch<'_>) -> Result<()> {
-        if !matches!(launch.function, RawFunction::Cpu) {
+        if launch.function.get::<CpuFunction>().is_none() {
             return Err(Error::InvalidArgument(
                 "a kernel function of another backend".into(),
             ));
@@ -471,7 +480,7 @@ impl RawStream for CpuStream {
         self.send(task)?;
         Ok(RawEvent {
             completion,
-            timer: Timer::Cpu(stamp),
+            timer: Timer::shared(stamp),
             timing,
         })
     }

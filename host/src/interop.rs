@@ -20,7 +20,7 @@
 //! driver handles: [`raw_event`] returns `None`, and the CUDA-only calls
 //! return [`Error::BackendUnavailable`].
 
-use crate::backend::{BackendKind, Timer};
+use crate::backend::BackendKind;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{
@@ -253,10 +253,7 @@ impl PinnedHost<u8> for RegisteredRaw {
 /// The driver's handle (`CUevent`) of an event, or `None` on the CPU emulation.
 /// The handle lives as long as `event`; a wait enqueued on it stays valid after.
 pub fn raw_event(event: &Event) -> Option<u64> {
-    match &event.raw().timer {
-        Timer::Cuda(h) => Some(h.raw_handle() as u64),
-        Timer::Cpu(_) => None,
-    }
+    event.driver_handle()
 }
 
 fn cuda_only(device: &Device, what: &str) -> Result<()> {

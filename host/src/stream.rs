@@ -109,9 +109,9 @@ impl Event {
     #[doc(hidden)]
     pub fn synchronize_direct(&self) -> Result<()> {
         crate::completion::refuse_blocking_on_completion_thread("a blocking wait")?;
-        match &self.raw.timer {
-            crate::backend::Timer::Cuda(h) => h.synchronize(),
-            crate::backend::Timer::Cpu(_) => self.synchronize(),
+        match self.device.backend.synchronize_event(&self.raw.timer) {
+            Some(waited) => waited,
+            None => self.synchronize(),
         }
     }
 
@@ -131,6 +131,11 @@ impl Event {
 
     pub(crate) fn raw(&self) -> &RawEvent {
         &self.raw
+    }
+
+    /// The driver's handle of this event, where the backend has one.
+    pub(crate) fn driver_handle(&self) -> Option<u64> {
+        self.device.backend.event_handle(&self.raw.timer)
     }
 
     pub(crate) fn into_completion(self) -> Completion {
