@@ -20,6 +20,14 @@
 //!   batch call's per-operation cost, which a pipeline, needing a
 //!   dependency per chunk, would pay);
 //!
+//! - `chained`: a pipeline's copy skeleton: piece *i* goes out (from the
+//!   device copy of what came in) only after piece *i* has come in (an
+//!   event per piece, recorded on the way in, waited for on the way out):
+//!   the whole copy bound plus one piece plus the pieces' fixed costs;
+//! - `graph`, `chained-graph`: `plain` and `chained` captured once into a
+//!   CUDA graph (stream capture) and launched as one graph: whether the
+//!   graph executor hands the copy engines their pieces for less;
+//!
 //! and the host time to issue each piece. `P = 1` is the whole-array bound;
 //! the extra time per extra piece is the per-piece cost.
 //!
@@ -44,6 +52,9 @@ enum Mode {
     TwoStreams,
     Batch,
     BatchEach,
+    Chained,
+    Graph,
+    ChainedGraph,
 }
 
 #[derive(Serialize)]
@@ -85,6 +96,11 @@ struct Rig {
     up2: sys::CUstream,
     down2: sys::CUstream,
     done: sys::CUevent,
+    /// Fork and join of a capture (the `down` stream joins `up`'s).
+    fork: sys::CUevent,
+    join: sys::CUevent,
+    /// Instantiated graphs by (mode, pieces), captured at first use.
+    graphs: std::cell::RefCell<Vec<((Mode, usize), sys::CUgraphExec)>>,
     events: Vec<sys::CUevent>,
     host_in: *mut std::ffi::c_void,
     host_out: *mut std::ffi::c_void,
@@ -110,6 +126,9 @@ impl Rig {
             up2: std::ptr::null_mut(),
             down2: std::ptr::null_mut(),
             done: std::ptr::null_mut(),
+            fork: std::ptr::null_mut(),
+            join: std::ptr::null_mut(),
+            graphs: std::cell::RefCell::new(Vec::new()),
             events: Vec::new(),
             host_in: std::ptr::null_mut(),
             host_out: std::ptr::null_mut(),
@@ -127,6 +146,14 @@ impl Rig {
             check(sys::cuStreamCreate(&mut rig.down2, flags), "cuStreamCreate")?;
             check(
                 sys::cuEventCreate(&mut rig.done, no_timing),
+                "cuEventCreate",
+            )?;
+            check(
+                sys::cuEventCreate(&mut rig.fork, no_timing),
+                "cuEventCreate",
+            )?;
+            check(
+                sys::cuEventCreate(&mut rig.join, no_timing),
                 "cuEventCreate",
             )?;
             for _ in 0..2 * max_pieces {
@@ -155,6 +182,22 @@ impl Rig {
     /// One run: `bytes` in on `up` while `bytes` go out on `down`, in
     /// `pieces` pieces each. Returns (wall ms, host µs spent issuing).
     fn run(&self, bytes: usize, pieces: usize, mode: Mode) -> Result<(f64, f64)> {
+        if let Some(base) = match mode {
+            Mode::Graph => Some(Mode::Plain),
+            Mode::ChainedGraph => Some(Mode::Chained),
+            _ => None,
+        } {
+            let exec = self.graph(bytes, pieces, mode, base)?;
+            let t = Instant::now();
+            // SAFETY: a graph of copies inside the rig's allocations (see
+            // `issue`); `up` is synchronized before returning.
+            unsafe {
+                check(sys::cuGraphLaunch(exec, self.up), "cuGraphLaunch")?;
+                let issued = t.elapsed().as_secs_f64() * 1e6;
+                check(sys::cuStreamSynchronize(self.up), "cuStreamSynchronize")?;
+                return Ok((t.elapsed().as_secs_f64() * 1e3, issued));
+            }
+        }
         let piece = bytes.div_ceil(pieces);
         if mode == Mode::Batch || mode == Mode::BatchEach {
             let t = Instant::now();
@@ -201,9 +244,88 @@ impl Rig {
             }
         }
         let t = Instant::now();
+        // SAFETY: `issue` enqueues copies inside the rig's allocations; every
+        // stream is synchronized before returning.
+        unsafe {
+            self.issue(bytes, pieces, mode)?;
+            let issued = t.elapsed().as_secs_f64() * 1e6;
+            for s in [self.up, self.down, self.up2, self.down2] {
+                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+            }
+            Ok((t.elapsed().as_secs_f64() * 1e3, issued))
+        }
+    }
+
+    /// The graph of `base` (plain or chained) at `pieces`, captured and
+    /// instantiated at its first use, kept for the rig's life.
+    fn graph(
+        &self,
+        bytes: usize,
+        pieces: usize,
+        mode: Mode,
+        base: Mode,
+    ) -> Result<sys::CUgraphExec> {
+        if let Some(&(_, g)) = self
+            .graphs
+            .borrow()
+            .iter()
+            .find(|(k, _)| *k == (mode, pieces))
+        {
+            return Ok(g);
+        }
+        // SAFETY: a fork/join capture on our streams: `down` joins `up`'s
+        // capture through `fork` and is joined back through `join` before
+        // the capture ends; the capture is ended on every path; the copies
+        // lie inside the rig's allocations.
+        unsafe {
+            check(
+                sys::cuStreamBeginCapture_v2(
+                    self.up,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                ),
+                "cuStreamBeginCapture",
+            )?;
+            let captured = (|| {
+                check(sys::cuEventRecord(self.fork, self.up), "cuEventRecord")?;
+                check(
+                    sys::cuStreamWaitEvent(self.down, self.fork, 0),
+                    "cuStreamWaitEvent",
+                )?;
+                self.issue(bytes, pieces, base)?;
+                check(sys::cuEventRecord(self.join, self.down), "cuEventRecord")?;
+                check(
+                    sys::cuStreamWaitEvent(self.up, self.join, 0),
+                    "cuStreamWaitEvent",
+                )
+            })();
+            let mut graph = std::ptr::null_mut();
+            let ended = check(
+                sys::cuStreamEndCapture(self.up, &mut graph),
+                "cuStreamEndCapture",
+            );
+            captured?;
+            ended?;
+            let mut exec = std::ptr::null_mut();
+            let made = check(
+                sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                "cuGraphInstantiateWithFlags",
+            );
+            sys::cuGraphDestroy(graph);
+            made?;
+            self.graphs.borrow_mut().push(((mode, pieces), exec));
+            Ok(exec)
+        }
+    }
+
+    /// Enqueues one run of `mode` (not a batch or graph mode) on the rig's
+    /// streams, without waiting.
+    ///
+    /// # Safety
+    /// The caller synchronizes the streams before the rig goes.
+    unsafe fn issue(&self, bytes: usize, pieces: usize, mode: Mode) -> Result<()> {
+        let piece = bytes.div_ceil(pieces);
         // SAFETY: every range lies inside the allocations of `bytes` made in
-        // `new`; both streams are synchronized before returning, so nothing
-        // is in flight when the rig is dropped; events are ours.
+        // `new` (`bytes` never exceeds them); events are ours.
         unsafe {
             for i in 0..pieces {
                 let off = i * piece;
@@ -235,10 +357,23 @@ impl Rig {
                     ),
                     "cuMemcpyHtoDAsync",
                 )?;
+                if mode == Mode::Chained {
+                    check(sys::cuEventRecord(self.events[2 * i], up), "cuEventRecord")?;
+                    check(
+                        sys::cuStreamWaitEvent(down, self.events[2 * i], 0),
+                        "cuStreamWaitEvent",
+                    )?;
+                }
+                // Chained: what came in goes out again.
+                let from = if mode == Mode::Chained {
+                    self.dev_in
+                } else {
+                    self.dev_out
+                };
                 check(
                     sys::cuMemcpyDtoHAsync_v2(
                         self.host_out.cast::<u8>().add(off).cast(),
-                        self.dev_out + off as u64,
+                        from + off as u64,
                         len,
                         down,
                     ),
@@ -255,12 +390,8 @@ impl Rig {
                     )?;
                 }
             }
-            let issued = t.elapsed().as_secs_f64() * 1e6;
-            for s in [self.up, self.down, self.up2, self.down2] {
-                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
-            }
-            Ok((t.elapsed().as_secs_f64() * 1e3, issued))
         }
+        Ok(())
     }
 
     /// 64 copies of `size` bytes in one direction (the pieces of the
@@ -352,7 +483,14 @@ impl Drop for Rig {
         // SAFETY: our objects; every run synchronized both streams, so none
         // is in use (null handles and zero addresses are skipped).
         unsafe {
-            for &e in self.events.iter().chain([&self.done]) {
+            for (_, g) in self.graphs.borrow_mut().drain(..) {
+                sys::cuGraphExecDestroy(g);
+            }
+            for &e in self
+                .events
+                .iter()
+                .chain([&self.done, &self.fork, &self.join])
+            {
                 if !e.is_null() {
                     sys::cuEventDestroy_v2(e);
                 }
@@ -390,6 +528,9 @@ pub fn run(device: &Device, bytes: usize, reps: usize, out: &Path) -> Result<()>
         Mode::TwoStreams,
         Mode::Batch,
         Mode::BatchEach,
+        Mode::Chained,
+        Mode::Graph,
+        Mode::ChainedGraph,
     ];
     let rig = Rig::new(device, bytes.max(SMALL_COPIES * (4 << 20)), 64)?;
     // Interleaved: every (mode, pieces) once per round, after a warm-up round.
