@@ -84,6 +84,42 @@ pub struct DeviceInfo {
     pub stream_ordered_memory: bool,
 }
 
+/// The completion threads of dropped streams still finishing their queues.
+///
+/// A stream dropped on a completion thread (in the release of a cancelled
+/// job whose bundle held its last handle) is not joined there: that thread
+/// may be the one the stream's own work waits for, and joining would wait
+/// forever. Its completion thread drains its queue on its own, counted here
+/// until it exits, so the backend's `synchronize` (and so
+/// [`Device::synchronize`](crate::Device::synchronize)) still waits for it.
+#[derive(Default)]
+pub(crate) struct Draining {
+    count: std::sync::Mutex<usize>,
+    exited: std::sync::Condvar,
+}
+
+impl Draining {
+    /// A stream's completion thread starts draining (its stream is dropped).
+    pub fn begin(&self) {
+        *crate::completion::lock(&self.count) += 1;
+    }
+
+    /// A draining completion thread has delivered its last completion.
+    pub fn end(&self) {
+        let mut n = crate::completion::lock(&self.count);
+        *n = n.saturating_sub(1);
+        self.exited.notify_all();
+    }
+
+    /// Waits until no dropped stream's completion thread is still draining.
+    pub fn wait(&self) {
+        let mut n = crate::completion::lock(&self.count);
+        while *n > 0 {
+            n = self.exited.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 /// Timing and completion of a recorded point in a stream.
 pub(crate) struct RawEvent {
     pub completion: Completion,

@@ -15,8 +15,8 @@
 //!   trap does.
 
 use crate::backend::{
-    Backend, BackendKind, DeviceInfo, HostAlloc, HostFlags, RawEvent, RawFunction, RawModule,
-    RawStream, Timer,
+    Backend, BackendKind, DeviceInfo, Draining, HostAlloc, HostFlags, RawEvent, RawFunction,
+    RawModule, RawStream, Timer,
 };
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
@@ -49,6 +49,8 @@ struct CpuFunction;
 struct Shared {
     broken: OnceLock<Error>,
     workers: usize,
+    /// Workers of dropped streams still running their queues.
+    draining: Draining,
 }
 
 impl Shared {
@@ -84,6 +86,7 @@ impl CpuBackend {
             shared: Arc::new(Shared {
                 broken: OnceLock::new(),
                 workers,
+                draining: Draining::default(),
             }),
             info: DeviceInfo {
                 backend: BackendKind::Cpu,
@@ -303,6 +306,9 @@ impl Backend for CpuBackend {
                 while let Ok(task) = rx.recv() {
                     task(&shared, &mut failed);
                 }
+                // The stream was dropped (the only sender went) and its
+                // queue has run.
+                shared.draining.end();
             })
             .map_err(|e| Error::Internal(format!("cannot start a stream worker: {e}")))?;
         Ok(Box::new(CpuStream {
@@ -325,6 +331,7 @@ impl Backend for CpuBackend {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.shared.draining.wait();
         self.shared.usable()
     }
 }
@@ -344,11 +351,14 @@ impl Drop for CpuStream {
     fn drop(&mut self) {
         // As on CUDA: the queued work runs to completion and its completions
         // are delivered before the drop returns (the worker drains its queue
-        // and exits when the sender goes). Not when the worker itself drops
-        // its stream (from a deferred release).
+        // and exits when the sender goes). Not on a completion thread (a
+        // deferred release, on this worker or on one this worker's work may
+        // wait for): there the worker drains on its own, counted in
+        // `draining` for `synchronize`.
+        self.shared.draining.begin();
         drop(lock(&self.tx).take());
         if let Some(w) = lock(&self.worker).take() {
-            if w.thread().id() != std::thread::current().id() {
+            if !crate::completion::on_completion_thread() {
                 let _ = w.join();
             }
         }

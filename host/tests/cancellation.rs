@@ -270,3 +270,100 @@ fn a_cancelled_job_does_not_hold_its_streams_later_completions_behind_other_work
     let again = DeviceBuffer::<f32>::new(&device, 1 << 20).unwrap();
     drop(again);
 }
+
+/// Runs `f` on a thread and says whether it finished within `limit`.
+fn finishes_within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let t = Instant::now();
+    let h = std::thread::spawn(f);
+    while !h.is_finished() {
+        if t.elapsed() > limit {
+            return None; // the thread is left behind: the test fails on it
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.join().ok()
+}
+
+host::backend_tests!(a_cancelled_bundle_holding_the_last_handle_of_a_waiting_stream_hangs_nothing);
+fn a_cancelled_bundle_holding_the_last_handle_of_a_waiting_stream_hangs_nothing(
+    device: host::Device,
+) {
+    let _serial = serial();
+    // X waits for Y's point; Y's cancelled job holds X's last handle, so
+    // X is dropped on Y's completion thread while X's own work waits on Y.
+    let x = Stream::new(&device).unwrap();
+    let y = Stream::new(&device).unwrap();
+    let buf = DeviceBuffer::<f32>::new(&device, 1 << 16).unwrap();
+    let job = y.run((buf, x.clone()), |c, (b, _x)| {
+        c.kernel(Kernel::Intensity { k: 200 }, b.view_mut())
+    });
+    let after = y.record().unwrap();
+    x.wait_event(&after).unwrap();
+    drop(x);
+    drop(job);
+    let waited = finishes_within(Duration::from_secs(60), move || after.synchronize());
+    assert!(
+        matches!(waited, Some(Ok(()))),
+        "Y's point never completed: {waited:?}"
+    );
+    let d = device.clone();
+    let synced = finishes_within(Duration::from_secs(60), move || d.synchronize());
+    assert!(matches!(synced, Some(Ok(()))), "synchronize: {synced:?}");
+
+    // Two cancelled jobs whose bundles hold each other's stream.
+    let x = Stream::new(&device).unwrap();
+    let y = Stream::new(&device).unwrap();
+    let a = DeviceBuffer::<f32>::new(&device, 1 << 16).unwrap();
+    let b = DeviceBuffer::<f32>::new(&device, 1 << 16).unwrap();
+    let jx = x.run((a, y.clone()), |c, (a, _)| {
+        c.kernel(Kernel::Intensity { k: 100 }, a.view_mut())
+    });
+    let jy = y.run((b, x.clone()), |c, (b, _)| {
+        c.kernel(Kernel::Intensity { k: 100 }, b.view_mut())
+    });
+    let (ex, ey) = (x.record().unwrap(), y.record().unwrap());
+    drop((x, y));
+    drop((jx, jy));
+    let waited = finishes_within(Duration::from_secs(60), move || {
+        (ex.synchronize(), ey.synchronize())
+    });
+    assert!(
+        matches!(waited, Some((Ok(()), Ok(())))),
+        "the two streams' points never completed: {waited:?}"
+    );
+    let d = device.clone();
+    assert!(matches!(
+        finishes_within(Duration::from_secs(60), move || d.synchronize()),
+        Some(Ok(()))
+    ));
+}
+
+host::backend_tests!(synchronize_waits_for_a_stream_dropped_on_its_own_completion_thread);
+fn synchronize_waits_for_a_stream_dropped_on_its_own_completion_thread(device: host::Device) {
+    let _serial = serial();
+    let pool = PinnedPool::new(&device);
+    let x = Stream::new(&device).unwrap();
+    let small = DeviceBuffer::<f32>::new(&device, 64).unwrap();
+    // The first job's bundle holds X's last handle once the user drops X:
+    // X is dropped on its own completion thread, with the second job queued.
+    let job1 = x.run((small, x.clone()), |c, (b, _)| {
+        c.kernel(Kernel::Scale { s: 1.0 }, b.view_mut())
+    });
+    let n = 1 << 16;
+    let big = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let out = pool.alloc::<f32>(n).unwrap();
+    let job2 = x.run((big, out), |c, (b, o)| {
+        let b = b.view_mut();
+        c.kernel(Kernel::Intensity { k: 2000 }, b)?;
+        c.copy_d2h(b, o.host_mut())
+    });
+    drop(job1);
+    drop(job2);
+    drop(x);
+    device.synchronize().unwrap();
+    // Everything queued has run and the cancelled jobs' buffers are back.
+    assert_eq!(pool.stats().in_use_bytes, 0, "synchronize returned early");
+}

@@ -2,7 +2,9 @@
 //! stream-aware pool), `PinnedBuffer` (NumPy views through the buffer
 //! protocol, counted), and `pin` (pin-in-place of an existing array).
 
-use crate::device::{device_or_default, nbytes, parse_dtype_or_f32, parse_shape, Device, State};
+use crate::device::{
+    device_or_default, nbytes, parse_dtype_or_f32, parse_shape, Device, State, StateCell,
+};
 use crate::dtype::DType;
 use crate::{buffer_error, IntoPy};
 use bytemuck::Pod;
@@ -13,7 +15,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Pinned host memory a `PinnedBuffer` holds.
 pub enum HostMem {
@@ -162,7 +164,7 @@ impl PinnedAllocator {
 
     /// Frees `buf` (back to the pool; refused while it has live views).
     fn free(&self, buf: &Bound<'_, PinnedBuffer>) -> PyResult<()> {
-        buf.borrow_mut().free_inner()
+        buf.get().free_inner(buf.py(), "freed by free()")
     }
 
     /// A NumPy array over `buf`'s pinned memory, no copy (see `PinnedBuffer.get_array`).
@@ -235,18 +237,20 @@ impl PinnedAllocator {
 /// host memory), or kDLCUDAHost with `dlpack_device = "cuda_host"` (NumPy
 /// accepts it; PyTorch does not). bfloat16 is exported to the buffer
 /// protocol as its raw bits (`uint16`), to DLPack as kDLBfloat.
-#[pyclass(module = "gpufeed")]
+#[pyclass(module = "gpufeed", frozen)]
 pub struct PinnedBuffer {
-    pub(crate) state: State<HostMem>,
-    exports: usize,
+    pub(crate) state: StateCell<HostMem>,
+    /// Live buffer-protocol exports; changed under the state's lock.
+    exports: AtomicUsize,
     pub(crate) dtype: DType,
     shape: Box<[isize]>,
     strides: Box<[isize]>,
     pub(crate) nbytes: usize,
     pub(crate) device: host::Device,
-    /// Pinned in place: the object whose memory this is.
-    origin: Option<Py<PyAny>>,
-    cuda_host: bool,
+    /// Pinned in place: the object whose memory this is, and the range
+    /// pinned (address, bytes).
+    origin: Option<(Py<PyAny>, usize, usize)>,
+    cuda_host: AtomicBool,
 }
 
 /// References to a pinned-in-place object that are ours: `origin` and the
@@ -259,7 +263,7 @@ impl PinnedBuffer {
         dtype: DType,
         shape: &[usize],
         device: &host::Device,
-        origin: Option<Py<PyAny>>,
+        origin: Option<(Py<PyAny>, usize, usize)>,
     ) -> Self {
         let nbytes = shape.iter().product::<usize>() * dtype.size();
         let mut strides = vec![0isize; shape.len()];
@@ -269,15 +273,15 @@ impl PinnedBuffer {
             acc *= d as isize;
         }
         PinnedBuffer {
-            state: State::Ready(mem),
-            exports: 0,
+            state: StateCell::ready(mem),
+            exports: AtomicUsize::new(0),
             dtype,
             shape: shape.iter().map(|&d| d as isize).collect(),
             strides: strides.into(),
             nbytes,
             device: device.clone(),
             origin,
-            cuda_host: false,
+            cuda_host: AtomicBool::new(false),
         }
     }
 
@@ -296,20 +300,22 @@ impl PinnedBuffer {
         self.shape.iter().map(|&d| d as usize).collect()
     }
 
-    /// Checks that the buffer may be given to an operation (ready, no live
-    /// views, a pinned-in-place object unreachable but through us).
-    pub(crate) fn check_for_operation(&self, py: Python<'_>) -> PyResult<()> {
-        self.state.get("the pinned buffer")?;
-        if self.exports > 0 {
+    /// Checks that the buffer may be given to an operation, with its state
+    /// locked (`state`): ready, no live views, a pinned-in-place object
+    /// unreachable but through us (no other reference, no weak reference).
+    fn check_for_operation(&self, py: Python<'_>) -> PyResult<()> {
+        let views = self.exports.load(Ordering::SeqCst);
+        if views > 0 {
             return Err(buffer_error(format!(
-                "the pinned buffer has {} live view(s) (NumPy arrays, memoryviews, DLPack \
-                 tensors): delete them before giving it to an operation",
-                self.exports
+                "the pinned buffer has {views} live view(s) (NumPy arrays, memoryviews, DLPack \
+                 tensors): delete them before giving it to an operation"
             )));
         }
-        if let Some(o) = &self.origin {
-            // SAFETY: a live object (we hold a reference), GIL held.
-            let n = unsafe { ffi::Py_REFCNT(o.bind(py).as_ptr()) } - OUR_REFS;
+        if let Some((o, ..)) = &self.origin {
+            let o = o.bind(py);
+            // SAFETY: a live object (we hold a reference), GIL held; reading
+            // counts calls no Python code.
+            let n = unsafe { ffi::Py_REFCNT(o.as_ptr()) } - OUR_REFS;
             if n > 0 {
                 return Err(buffer_error(format!(
                     "the array pinned in place is still referenced elsewhere ({n} reference(s)): \
@@ -317,40 +323,87 @@ impl PinnedBuffer {
                      reach it through the PinnedBuffer (get_array(), unpin())"
                 )));
             }
+            if has_weak_references(o) {
+                return Err(buffer_error(
+                    "the array pinned in place has weak references: Python could reach it through \
+                     them while the device uses it; drop them first",
+                ));
+            }
         }
         Ok(())
     }
 
     /// Moves the memory out for an operation (state: in-flight).
-    pub(crate) fn take_for_operation(&mut self, py: Python<'_>) -> PyResult<HostMem> {
-        self.check_for_operation(py)?;
-        match std::mem::replace(&mut self.state, State::InFlight) {
-            State::Ready(m) => Ok(m),
-            other => {
-                self.state = other;
-                Err(buffer_error("the pinned buffer is not ready"))
-            }
-        }
+    pub(crate) fn take_for_operation(&self, py: Python<'_>) -> PyResult<HostMem> {
+        self.check_origin(py)?;
+        self.state
+            .take("the pinned buffer", |_| self.check_for_operation(py))
     }
 
-    fn free_inner(&mut self) -> PyResult<()> {
-        self.state.get("the pinned buffer")?;
-        if self.exports > 0 {
-            return Err(buffer_error(format!(
-                "the pinned buffer has {} live view(s): delete them before freeing it",
-                self.exports
-            )));
-        }
-        self.state = State::Freed("freed by free()".into());
+    /// Frees (or unpins) the buffer, saying `why` from then on; refused
+    /// while views are alive or an operation holds it.
+    fn free_inner(&self, py: Python<'_>, why: &str) -> PyResult<()> {
+        let _ = py;
+        let mem = self.state.take("the pinned buffer", |_| {
+            let views = self.exports.load(Ordering::SeqCst);
+            if views > 0 {
+                return Err(buffer_error(format!(
+                    "the pinned buffer has {views} live view(s): delete them before freeing it"
+                )));
+            }
+            Ok(())
+        })?;
+        self.state.set(State::Freed(why.into()));
+        drop(mem);
         Ok(())
+    }
+
+    /// For a buffer pinned in place: checks that its object still has the
+    /// memory that was pinned. NumPy can replace an array's memory under a
+    /// live export (`ndarray.__setstate__`, `resize(refcheck=False)`),
+    /// freeing the pinned range: the buffer is then gone (it would read
+    /// freed memory), and says why.
+    fn check_origin(&self, py: Python<'_>) -> PyResult<()> {
+        let Some((o, ptr, len)) = &self.origin else {
+            return Ok(());
+        };
+        if !matches!(&*self.state.lock(), State::Ready(_)) {
+            return Ok(()); // in flight (unreachable meanwhile) or gone already
+        }
+        let same = ContiguousView::get(o.bind(py), true)
+            .map(|v| v.ptr as usize == *ptr && v.len == *len)
+            .unwrap_or(false);
+        if same {
+            return Ok(());
+        }
+        let why = "the pinned array's memory was replaced or freed by its owner while pinned \
+                   (ndarray.__setstate__, resize(refcheck=False)): the buffer is gone";
+        let mut s = self.state.lock();
+        if matches!(&*s, State::Ready(_)) && self.exports.load(Ordering::SeqCst) == 0 {
+            let old = std::mem::replace(&mut *s, State::Freed(why.into()));
+            drop(s);
+            drop(old);
+        }
+        Err(buffer_error(why))
     }
 
     pub(crate) fn get_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         // Say why up front: NumPy turns a refused buffer export into a 0-d
         // object array instead of raising.
-        slf.borrow().state.get("the pinned buffer")?;
+        let this = slf.get();
+        this.check_origin(slf.py())?;
+        this.state.lock().get("the pinned buffer")?;
         slf.py().import("numpy")?.call_method1("asarray", (slf,))
     }
+}
+
+/// Whether `obj` has weak references (`weakref.ref(obj)` alive somewhere).
+fn has_weak_references(obj: &Bound<'_, PyAny>) -> bool {
+    obj.py()
+        .import("weakref")
+        .and_then(|w| w.call_method1("getweakrefcount", (obj,)))
+        .and_then(|n| n.extract::<usize>())
+        .map_or(true, |n| n > 0)
 }
 
 #[pymethods]
@@ -364,20 +417,19 @@ impl PinnedBuffer {
 
     /// Frees the buffer now (back to the pool; a pinned-in-place array is
     /// unpinned). Refused while views are alive or an operation holds it.
-    fn free(&mut self) -> PyResult<()> {
-        self.free_inner()
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
+        self.free_inner(py, "freed by free()")
     }
 
     /// Unpins an array pinned in place and returns it (refused while views
     /// are alive or an operation holds it).
-    fn unpin(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let Some(origin) = self.origin.as_ref().map(|o| o.clone_ref(py)) else {
+    fn unpin(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let Some(origin) = self.origin.as_ref().map(|(o, ..)| o.clone_ref(py)) else {
             return Err(PyTypeError::new_err(
                 "unpin() is for arrays pinned in place (gpufeed.pin); use free()",
             ));
         };
-        self.free_inner()?;
-        self.state = State::Freed("unpinned by unpin()".into());
+        self.free_inner(py, "unpinned by unpin()")?;
         Ok(origin)
     }
 
@@ -418,7 +470,7 @@ impl PinnedBuffer {
     /// Live views (buffer-protocol exports: NumPy arrays, memoryviews, DLPack).
     #[getter]
     fn exports(&self) -> usize {
-        self.exports
+        self.exports.load(Ordering::SeqCst)
     }
 
     /// The device the memory is pinned for.
@@ -437,15 +489,16 @@ impl PinnedBuffer {
 
     /// The address of the first byte (an integer).
     #[getter]
-    fn ptr(&mut self) -> PyResult<usize> {
-        Ok(self.state.get_mut("the pinned buffer")?.ptr() as usize)
+    fn ptr(&self, py: Python<'_>) -> PyResult<usize> {
+        self.check_origin(py)?;
+        Ok(self.state.lock().get_mut("the pinned buffer")?.ptr() as usize)
     }
 
     /// The DLPack device of `__dlpack__`: `"cpu"` (kDLCPU, default) or
     /// `"cuda_host"` (kDLCUDAHost).
     #[getter]
     fn get_dlpack_device(&self) -> &'static str {
-        if self.cuda_host {
+        if self.cuda_host.load(Ordering::Relaxed) {
             "cuda_host"
         } else {
             "cpu"
@@ -453,8 +506,8 @@ impl PinnedBuffer {
     }
 
     #[setter]
-    fn set_dlpack_device(&mut self, kind: &str) -> PyResult<()> {
-        self.cuda_host = match kind {
+    fn set_dlpack_device(&self, kind: &str) -> PyResult<()> {
+        let cuda_host = match kind {
             "cpu" => false,
             "cuda_host" => true,
             other => {
@@ -463,12 +516,13 @@ impl PinnedBuffer {
                 )))
             }
         };
+        self.cuda_host.store(cuda_host, Ordering::Relaxed);
         Ok(())
     }
 
     /// `(device_type, device_id)`: `(1, 0)` (kDLCPU) or `(3, 0)` (kDLCUDAHost).
     fn __dlpack_device__(&self) -> (i32, i32) {
-        if self.cuda_host {
+        if self.cuda_host.load(Ordering::Relaxed) {
             (3, 0)
         } else {
             (1, 0)
@@ -499,7 +553,7 @@ impl PinnedBuffer {
             .import("builtins")?
             .getattr("memoryview")?
             .call1((slf,))?;
-        let mut this = slf.borrow_mut();
+        let this = slf.get();
         let device = match dl_device {
             None => this.__dlpack_device__(),
             Some(d @ ((1, 0) | (3, 0))) => d,
@@ -509,7 +563,7 @@ impl PinnedBuffer {
                 )))
             }
         };
-        let data = this.state.get_mut("the pinned buffer")?.ptr();
+        let data = this.state.lock().get_mut("the pinned buffer")?.ptr();
         let spec = crate::dlpack::Spec {
             data: data.cast(),
             device,
@@ -517,7 +571,6 @@ impl PinnedBuffer {
             shape: this.shape.iter().map(|&d| d as i64).collect(),
             readonly: false,
         };
-        drop(this);
         crate::dlpack::export(
             py,
             spec,
@@ -537,10 +590,12 @@ impl PinnedBuffer {
         if view.is_null() {
             return Err(buffer_error("a null Py_buffer"));
         }
-        let mut this = slf
-            .try_borrow_mut()
-            .map_err(|_| buffer_error("the pinned buffer is busy in another call"))?;
-        let ptr = this.state.get_mut("the pinned buffer")?.ptr();
+        let this = slf.get();
+        this.check_origin(slf.py())?;
+        // Counted under the state's lock: an operation or a free can't take
+        // the memory between the check and the count.
+        let mut state = this.state.lock();
+        let ptr = state.get_mut("the pinned buffer")?.ptr();
         let ndim = this.shape.len();
         let format = if flags & ffi::PyBUF_FORMAT != 0 {
             this.dtype.format().as_ptr().cast_mut()
@@ -558,8 +613,8 @@ impl PinnedBuffer {
             std::ptr::null_mut()
         };
         let (nbytes, item) = (this.nbytes as isize, this.dtype.size() as isize);
-        this.exports += 1;
-        drop(this);
+        this.exports.fetch_add(1, Ordering::SeqCst);
+        drop(state);
         // SAFETY: `view` is the non-null Py_buffer the interpreter gave us to
         // fill. The memory (pointer, shape, strides, format) stays valid until
         // `__releasebuffer__`: the state can't leave Ready (no operation, no
@@ -580,8 +635,10 @@ impl PinnedBuffer {
         Ok(())
     }
 
-    unsafe fn __releasebuffer__(&mut self, _view: *mut ffi::Py_buffer) {
-        self.exports = self.exports.saturating_sub(1);
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        let _ = self
+            .exports
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
     fn __repr__(&self) -> String {
@@ -722,6 +779,13 @@ pub(crate) fn pin_on(
             "pin() of a memoryview: pin the object it views (its owner could free the memory)",
         ));
     }
+    let pickle_buffer = py.import("pickle")?.getattr("PickleBuffer")?;
+    if obj.is_instance(&pickle_buffer)? {
+        return Err(buffer_error(
+            "pin() of a pickle.PickleBuffer: pin the object it wraps (it stays reachable, and its \
+             owner could free the memory)",
+        ));
+    }
     if obj.is_instance_of::<PinnedBuffer>() {
         return Err(buffer_error("a PinnedBuffer is pinned already"));
     }
@@ -784,6 +848,6 @@ pub(crate) fn pin_on(
         dtype,
         &shape,
         device,
-        Some(obj.clone().unbind()),
+        Some((obj.clone().unbind(), ptr, len)),
     ))
 }

@@ -8,7 +8,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Devices opened so far, one per (backend, ordinal): buffers of two
@@ -266,6 +266,52 @@ impl<M> State<M> {
     }
 }
 
+/// A buffer object's [`State`], changed through `&self`: the buffer classes
+/// are frozen, so an operation handing its buffers back from anywhere (its
+/// `Drop`, run by the garbage collector inside another method of the same
+/// object) never meets a borrow flag. The lock is held for plain Rust work
+/// only, never across a Python call or a GIL release, and a replaced state
+/// is dropped after it is let go (dropping memory may run Python code).
+pub struct StateCell<M>(Mutex<State<M>>);
+
+impl<M> StateCell<M> {
+    /// Ready with `mem`.
+    pub fn ready(mem: M) -> Self {
+        StateCell(Mutex::new(State::Ready(mem)))
+    }
+
+    /// The state, locked (briefly: see the type's docs).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, State<M>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the state; the old one is dropped after the lock is let go.
+    pub fn set(&self, state: State<M>) {
+        let old = std::mem::replace(&mut *self.lock(), state);
+        drop(old);
+    }
+
+    /// `"ready"`, `"in-flight"` or `"freed"`.
+    pub fn name(&self) -> &'static str {
+        self.lock().name()
+    }
+
+    /// Moves the memory out (state: in-flight) if ready, after `check`
+    /// passes on it; the lock is held across both, so nothing changes the
+    /// state in between.
+    pub fn take(&self, what: &str, check: impl FnOnce(&M) -> PyResult<()>) -> PyResult<M> {
+        let mut s = self.lock();
+        check(s.get(what)?)?;
+        match std::mem::replace(&mut *s, State::InFlight) {
+            State::Ready(m) => Ok(m),
+            other => {
+                *s = other;
+                Err(buffer_error(format!("{what} is not ready")))
+            }
+        }
+    }
+}
+
 /// Device memory of a shape and dtype: allocated here (`Device.empty`), or
 /// a PyTorch/CuPy CUDA array wrapped in place (`as_device_array`).
 ///
@@ -276,9 +322,9 @@ impl<M> State<M> {
 /// reference goes). On the CPU emulation both raise `BufferError`: there
 /// device memory is host memory that no GPU library can use; use
 /// `download()` or a copy into a `PinnedBuffer`.
-#[pyclass(module = "gpufeed")]
+#[pyclass(module = "gpufeed", frozen)]
 pub struct DeviceArray {
-    pub(crate) state: State<DevMem>,
+    pub(crate) state: StateCell<DevMem>,
     pub(crate) dtype: DType,
     pub(crate) shape: Vec<usize>,
     pub(crate) nbytes: usize,
@@ -286,7 +332,7 @@ pub struct DeviceArray {
     /// Live DLPack exports.
     pub(crate) exports: Arc<AtomicUsize>,
     /// Handed out through `__cuda_array_interface__` (uncounted).
-    pub(crate) shared: bool,
+    pub(crate) shared: AtomicBool,
 }
 
 impl DeviceArray {
@@ -294,39 +340,57 @@ impl DeviceArray {
         let nbytes = nbytes(&shape, dtype)?;
         let buf = DeviceBuffer::<u8>::new(device, nbytes).py()?;
         Ok(DeviceArray {
-            state: State::Ready(DevMem::Own(buf)),
+            state: StateCell::ready(DevMem::Own(buf)),
             dtype,
             shape,
             nbytes,
             device: device.clone(),
             exports: Arc::default(),
-            shared: false,
+            shared: AtomicBool::new(false),
         })
     }
 
     /// Moves the memory out for an operation (state: in-flight).
-    pub(crate) fn take_for_operation(&mut self) -> PyResult<DevMem> {
-        self.state.get("the device array")?;
-        let n = self.exports.load(Ordering::SeqCst);
-        if n > 0 {
-            return Err(buffer_error(format!(
-                "the device array has {n} live DLPack export(s): drop the consumers' tensors first"
-            )));
-        }
-        if self.shared {
-            return Err(buffer_error(
-                "the device array was exported through __cuda_array_interface__, which can't tell \
-                 when its consumers are done: it can't be given to an operation any more (export \
-                 with __dlpack__, which is counted)",
-            ));
-        }
-        match std::mem::replace(&mut self.state, State::InFlight) {
-            State::Ready(m) => Ok(m),
-            other => {
-                self.state = other;
-                Err(buffer_error("the device array is not ready"))
+    pub(crate) fn take_for_operation(&self) -> PyResult<DevMem> {
+        self.state.take("the device array", |_| {
+            let n = self.exports.load(Ordering::SeqCst);
+            if n > 0 {
+                return Err(buffer_error(format!(
+                    "the device array has {n} live DLPack export(s): drop the consumers' tensors \
+                     first"
+                )));
             }
-        }
+            if self.shared.load(Ordering::SeqCst) {
+                return Err(buffer_error(
+                    "the device array was exported through __cuda_array_interface__, which can't \
+                     tell when its consumers are done: it can't be given to an operation any more \
+                     (export with __dlpack__, which is counted)",
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on the memory of an array allocated here, moved out for the
+    /// call (state: in-flight, so any other use meanwhile gets a
+    /// `BufferError` instead of waiting), and puts it back after.
+    fn with_own<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,
+    ) -> PyResult<R> {
+        let mut mem = self.state.take("the device array", |m| match m {
+            DevMem::Own(_) => Ok(()),
+            DevMem::Foreign { .. } => Err(buffer_error(format!(
+                "{what} works on arrays allocated by gpufeed"
+            ))),
+        })?;
+        let result = match &mut mem {
+            DevMem::Own(buf) => f(buf),
+            DevMem::Foreign { .. } => Err(buffer_error("not an array allocated by gpufeed")),
+        };
+        self.state.set(State::Ready(mem));
+        result
     }
 
     fn cuda_only(&self, what: &str) -> PyResult<()> {
@@ -375,39 +439,37 @@ impl DeviceArray {
     /// Whether it wraps a foreign (PyTorch/CuPy) allocation.
     #[getter]
     fn is_foreign(&self) -> bool {
-        matches!(self.state, State::Ready(DevMem::Foreign { .. }))
+        matches!(&*self.state.lock(), State::Ready(DevMem::Foreign { .. }))
     }
 
     /// The device address (an integer; a host address on the CPU emulation).
     #[getter]
     fn ptr(&self) -> PyResult<u64> {
-        Ok(self.state.get("the device array")?.addr())
+        Ok(self.state.lock().get("the device array")?.addr())
     }
 
     /// Frees the memory now (refused while exported or in flight).
-    fn free(&mut self) -> PyResult<()> {
-        self.state.get("the device array")?;
-        let n = self.exports.load(Ordering::SeqCst);
-        if n > 0 || self.shared {
-            return Err(buffer_error(
-                "the device array is exported (DLPack or __cuda_array_interface__): it is freed \
-                 when its last consumer lets go",
-            ));
-        }
-        self.state = State::Freed("freed by free()".into());
+    fn free(&self) -> PyResult<()> {
+        let mem = self.state.take("the device array", |_| {
+            let n = self.exports.load(Ordering::SeqCst);
+            if n > 0 || self.shared.load(Ordering::SeqCst) {
+                return Err(buffer_error(
+                    "the device array is exported (DLPack or __cuda_array_interface__): it is \
+                     freed when its last consumer lets go",
+                ));
+            }
+            Ok(())
+        })?;
+        self.state.set(State::Freed("freed by free()".into()));
+        drop(mem);
         Ok(())
     }
 
     /// Copies `array` (any C-contiguous buffer of `nbytes` bytes, pageable is
     /// fine) to the device synchronously, GIL released.
-    fn upload(&mut self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn upload(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
         let nbytes = self.nbytes;
-        let mem = self.state.get_mut("the device array")?;
-        let DevMem::Own(buf) = mem else {
-            return Err(buffer_error(
-                "upload() works on arrays allocated by gpufeed",
-            ));
-        };
+        // The source's view first (asking for it may run Python code).
         let view = crate::alloc::ContiguousView::get(array, false)?;
         if view.len != nbytes {
             return Err(PyValueError::new_err(format!(
@@ -416,22 +478,18 @@ impl DeviceArray {
             )));
         }
         let src = view.as_bytes();
-        py.detach(|| buf.copy_from_host_sync(src)).py()
+        self.with_own("upload()", |buf| {
+            py.detach(|| buf.copy_from_host_sync(src)).py()
+        })
     }
 
     /// The contents as a new NumPy array (a synchronous copy, GIL released).
-    fn download<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let nbytes = self.nbytes;
-        let (dtype, shape) = (self.dtype, self.shape.clone());
-        let mem = self.state.get_mut("the device array")?;
-        let DevMem::Own(buf) = mem else {
-            return Err(buffer_error(
-                "download() works on arrays allocated by gpufeed",
-            ));
-        };
-        let mut out = vec![0u8; nbytes];
-        py.detach(|| buf.copy_to_host_sync(&mut out)).py()?;
-        crate::alloc::numpy_from_bytes(py, &out, dtype, &shape)
+    fn download<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut out = vec![0u8; self.nbytes];
+        self.with_own("download()", |buf| {
+            py.detach(|| buf.copy_to_host_sync(&mut out)).py()
+        })?;
+        crate::alloc::numpy_from_bytes(py, &out, self.dtype, &self.shape)
     }
 
     /// `__cuda_array_interface__` v3 (CUDA only). No `stream`: a ready array
@@ -439,10 +497,15 @@ impl DeviceArray {
     /// Marks the array shared: it can't be freed or given to an operation
     /// any more.
     #[getter]
-    fn __cuda_array_interface__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.cuda_only("__cuda_array_interface__")?;
-        let addr = self.state.get("the device array")?.addr();
-        self.shared = true;
+        let addr = {
+            let s = self.state.lock();
+            let addr = s.get("the device array")?.addr();
+            // Under the state's lock: an operation can't take it meanwhile.
+            self.shared.store(true, Ordering::SeqCst);
+            addr
+        };
         let d = PyDict::new(py);
         d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         d.set_item("typestr", self.dtype.typestr())?;
@@ -464,7 +527,7 @@ impl DeviceArray {
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _ = stream;
-        let this = slf.borrow();
+        let this = slf.get();
         this.cuda_only("__dlpack__")?;
         if copy == Some(true) {
             return Err(buffer_error(
@@ -479,8 +542,14 @@ impl DeviceArray {
                 )));
             }
         }
-        let addr = this.state.get("the device array")?.addr();
         let exports = this.exports.clone();
+        let addr = {
+            let s = this.state.lock();
+            let addr = s.get("the device array")?.addr();
+            // Counted under the state's lock: an operation can't take it meanwhile.
+            exports.fetch_add(1, Ordering::SeqCst);
+            addr
+        };
         let spec = crate::dlpack::Spec {
             data: addr as *mut std::ffi::c_void,
             device: (2, ordinal),
@@ -488,8 +557,6 @@ impl DeviceArray {
             shape: this.shape.iter().map(|&d| d as i64).collect(),
             readonly: false,
         };
-        drop(this);
-        exports.fetch_add(1, Ordering::SeqCst);
         let keep = crate::dlpack::Keep::Device {
             _array: slf.clone().unbind().into_any(),
             exports,
@@ -548,7 +615,7 @@ pub fn as_device_array(
     // of this device, long enough, before any command gets it.
     host::interop::check_foreign_device_range(&device, imported.addr, nbytes).py()?;
     Ok(DeviceArray {
-        state: State::Ready(DevMem::Foreign {
+        state: StateCell::ready(DevMem::Foreign {
             addr: imported.addr,
             bytes: nbytes,
             device: device.clone(),
@@ -559,7 +626,7 @@ pub fn as_device_array(
         nbytes,
         device,
         exports: Arc::default(),
-        shared: false,
+        shared: AtomicBool::new(false),
     })
 }
 

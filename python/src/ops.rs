@@ -9,10 +9,10 @@ use host::interop::{cast_device, cast_device_mut};
 use host::{
     DeviceSliceMut, Error, HostSlice, HostSliceMut, Job, JobError, Kernel, PinnedHost, RunInfo,
 };
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// One buffer an operation owns.
 pub enum Slot {
@@ -29,13 +29,14 @@ pub enum Owner {
 impl Owner {
     /// Puts `slot` back into the object (or marks it gone, with `why`).
     pub fn restore(&self, py: Python<'_>, slot: Option<Slot>, why: &str) {
+        // The classes are frozen: no borrow flag to trip over, wherever this
+        // runs (an operation dropped by the garbage collector inside another
+        // method of the same buffer).
         match (self, slot) {
-            (Owner::Host(o), Some(Slot::Host(m))) => {
-                o.bind(py).borrow_mut().state = State::Ready(m)
-            }
-            (Owner::Dev(o), Some(Slot::Dev(m))) => o.bind(py).borrow_mut().state = State::Ready(m),
-            (Owner::Host(o), _) => o.bind(py).borrow_mut().state = State::Freed(why.into()),
-            (Owner::Dev(o), _) => o.bind(py).borrow_mut().state = State::Freed(why.into()),
+            (Owner::Host(o), Some(Slot::Host(m))) => o.bind(py).get().state.set(State::Ready(m)),
+            (Owner::Dev(o), Some(Slot::Dev(m))) => o.bind(py).get().state.set(State::Ready(m)),
+            (Owner::Host(o), _) => o.bind(py).get().state.set(State::Freed(why.into())),
+            (Owner::Dev(o), _) => o.bind(py).get().state.set(State::Freed(why.into())),
         }
     }
 }
@@ -46,12 +47,8 @@ pub fn take_all(py: Python<'_>, owners: &[Owner]) -> PyResult<Vec<Slot>> {
     let mut slots = Vec::with_capacity(owners.len());
     for o in owners {
         let taken = match o {
-            Owner::Host(b) => b
-                .bind(py)
-                .borrow_mut()
-                .take_for_operation(py)
-                .map(Slot::Host),
-            Owner::Dev(d) => d.bind(py).borrow_mut().take_for_operation().map(Slot::Dev),
+            Owner::Host(b) => b.bind(py).get().take_for_operation(py).map(Slot::Host),
+            Owner::Dev(d) => d.bind(py).get().take_for_operation().map(Slot::Dev),
         };
         match taken {
             Ok(s) => slots.push(s),
@@ -143,14 +140,31 @@ enum OpState {
 #[pyclass(module = "gpufeed")]
 pub struct Operation {
     state: Mutex<OpState>,
+    /// Signalled when a waiter has finished (state `Done`), for the other
+    /// waiters.
+    finished: Condvar,
     owners: Vec<Owner>,
+    /// The streams the work runs on, kept while the operation lives: the
+    /// drop of their Python object (a `Stream`, a `Pipeline`) is then never
+    /// the last and never waits for this work.
+    keep: Vec<host::Stream>,
+}
+
+/// Drops `streams` with the GIL released: dropping the last handle of a
+/// stream waits for the work queued on it.
+pub fn drop_streams_detached(streams: Vec<host::Stream>) {
+    if !streams.is_empty() {
+        Python::attach(|py| py.detach(move || drop(streams)));
+    }
 }
 
 impl Operation {
-    pub fn new(pending: Pending, owners: Vec<Owner>) -> Self {
+    pub fn new(pending: Pending, owners: Vec<Owner>, keep: Vec<host::Stream>) -> Self {
         Operation {
             state: Mutex::new(OpState::Pending(pending)),
+            finished: Condvar::new(),
             owners,
+            keep,
         }
     }
 
@@ -202,15 +216,28 @@ impl Operation {
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {
-            OpState::Pending(p) => self.finish(py, p),
-            OpState::Done(r) => r,
-            OpState::Waiting => {
-                return Err(PyRuntimeError::new_err(
-                    "the operation is being waited for by another thread",
-                ))
+            OpState::Pending(p) => {
+                let r = self.finish(py, p);
+                *self.lock() = OpState::Done(r.clone());
+                self.finished.notify_all();
+                r
             }
+            OpState::Done(r) => {
+                *self.lock() = OpState::Done(r.clone());
+                r
+            }
+            // Another thread (an asyncio executor whose `await` was
+            // cancelled, say) is waiting: wait for it to finish, GIL released.
+            OpState::Waiting => py.detach(|| {
+                let mut s = self.lock();
+                loop {
+                    match &*s {
+                        OpState::Done(r) => break r.clone(),
+                        _ => s = self.finished.wait(s).unwrap_or_else(|p| p.into_inner()),
+                    }
+                }
+            }),
         };
-        *self.lock() = OpState::Done(result.clone());
         info_to_py(py, result.map_err(to_py)?)
     }
 
@@ -268,6 +295,7 @@ impl Drop for Operation {
                 }
             });
         }
+        drop_streams_detached(std::mem::take(&mut self.keep));
     }
 }
 
@@ -345,6 +373,8 @@ struct Batch {
     ids: Vec<usize>,
     /// Per slot: (dtype, bytes, is device, written).
     meta: Vec<(DType, usize, bool, bool)>,
+    /// Per slot: read by a command (a copy's source).
+    read: Vec<bool>,
 }
 
 impl Batch {
@@ -361,7 +391,16 @@ impl Batch {
                     "a pinned buffer can be the destination of one copy per batch",
                 ));
             }
+            // Checked here, before anything is submitted: a batch's host
+            // memory is either read by its commands or written by one.
+            if !want_device && (writes && self.read[i] || !writes && self.meta[i].3) {
+                return Err(PyValueError::new_err(
+                    "a pinned buffer can't be both a copy's source and a copy's destination in \
+                     one batch: submit the two as separate operations",
+                ));
+            }
             self.meta[i].3 |= writes;
+            self.read[i] |= !writes;
             return Ok(i);
         }
         let (owner, meta) = if want_device {
@@ -371,7 +410,7 @@ impl Batch {
                     type_name(obj)
                 ))
             })?;
-            let b = d.borrow();
+            let b = d.get();
             (
                 Owner::Dev(d.clone().unbind()),
                 (b.dtype, b.nbytes, true, writes),
@@ -384,7 +423,7 @@ impl Batch {
                     type_name(obj)
                 ))
             })?;
-            let b = h.borrow();
+            let b = h.get();
             (
                 Owner::Host(h.clone().unbind()),
                 (b.dtype, b.nbytes, false, writes),
@@ -393,6 +432,7 @@ impl Batch {
         self.owners.push(owner);
         self.ids.push(id);
         self.meta.push(meta);
+        self.read.push(!writes);
         Ok(self.ids.len() - 1)
     }
 
@@ -689,9 +729,18 @@ fn enqueue_batch<'a>(
 /// An in-order queue of device work (a CUDA stream, or a CPU worker).
 #[pyclass(module = "gpufeed", frozen)]
 pub struct Stream {
-    pub(crate) inner: host::Stream,
+    /// Dropped with the GIL released (see `Drop`).
+    pub(crate) inner: std::mem::ManuallyDrop<host::Stream>,
     /// The user kernel crate's kernels, loaded at first use.
     user: std::sync::OnceLock<UserKernels>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; `inner` is not used after.
+        let inner = unsafe { std::mem::ManuallyDrop::take(&mut self.inner) };
+        drop_streams_detached(vec![inner]);
+    }
 }
 
 impl Stream {
@@ -739,7 +788,7 @@ impl Stream {
         // Host buffers read only: a pinned-in-place memory can be both; the
         // slots were typed when parsed.
         let _ = &mut bundle;
-        let stream = self.inner.clone();
+        let stream = (*self.inner).clone();
         let job = py.detach(move || {
             stream.run(bundle, move |c, bundle| {
                 if batched {
@@ -749,7 +798,11 @@ impl Stream {
                 }
             })
         });
-        Ok(Operation::new(Pending::Batch(job), b.owners))
+        Ok(Operation::new(
+            Pending::Batch(job),
+            b.owners,
+            vec![(*self.inner).clone()],
+        ))
     }
 }
 
@@ -761,7 +814,7 @@ impl Stream {
     fn new(py: Python<'_>, device: Option<&Device>) -> PyResult<Self> {
         let device = device_or_default(py, device)?;
         Ok(Stream {
-            inner: host::Stream::new(&device).py()?,
+            inner: std::mem::ManuallyDrop::new(host::Stream::new(&device).py()?),
             user: std::sync::OnceLock::new(),
         })
     }

@@ -68,8 +68,19 @@ fn plan(p: Option<&Bound<'_, PyAny>>, n: usize, streams: usize) -> PyResult<Plan
 /// the SMs work at once. Reusable; runs may be started back to back.
 #[pyclass(module = "gpufeed", frozen)]
 pub struct Pipeline {
-    inner: host::Pipeline,
+    /// Dropped with the GIL released (see `Drop`).
+    inner: std::mem::ManuallyDrop<host::Pipeline>,
     device: host::Device,
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; `inner` is not used after.
+        let inner = unsafe { std::mem::ManuallyDrop::take(&mut self.inner) };
+        // Its streams' last handles may wait for queued work: not with the
+        // GIL held.
+        Python::attach(|py| py.detach(move || drop(inner)));
+    }
 }
 
 #[pymethods]
@@ -80,7 +91,10 @@ impl Pipeline {
     fn new(py: Python<'_>, device: Option<&Device>, streams: usize) -> PyResult<Self> {
         let device = device_or_default(py, device)?;
         let inner = py.detach(|| host::Pipeline::new(&device, streams)).py()?;
-        Ok(Pipeline { inner, device })
+        Ok(Pipeline {
+            inner: std::mem::ManuallyDrop::new(inner),
+            device,
+        })
     }
 
     /// Starts a run: `input` (a float32 PinnedBuffer) is pushed through
@@ -102,7 +116,7 @@ impl Pipeline {
         distinct(input, output)?;
         let inp = crate::ops::pinned(input, "the input")?;
         let n = {
-            let b = inp.borrow();
+            let b = inp.get();
             if b.dtype != DType::F32 {
                 return Err(PyTypeError::new_err(format!(
                     "the pipeline's kernels run on float32, the input is {}",
@@ -117,7 +131,7 @@ impl Pipeline {
         }
         let out = crate::ops::pinned(output, "the output")?;
         {
-            let b = out.borrow();
+            let b = out.get();
             if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
                 return Err(crate::to_py(host::Error::InvalidArgument(
                     "the output array is on another device than the pipeline".into(),
@@ -152,7 +166,11 @@ impl Pipeline {
             }
         };
         let job = py.detach(|| self.inner.run(i, o, k, plan, false));
-        Ok(Operation::new(Pending::Run(job), owners))
+        Ok(Operation::new(
+            Pending::Run(job),
+            owners,
+            self.inner.streams().to_vec(),
+        ))
     }
 
     /// `run_async(...).wait()`: the run with the GIL released throughout;
@@ -198,7 +216,7 @@ impl Pipeline {
         n: usize,
     ) -> PyResult<Operation> {
         {
-            let b = out.borrow();
+            let b = out.get();
             if b.dtype != DType::F32 {
                 return Err(PyTypeError::new_err(format!(
                     "the output must be float32, not {}",
@@ -251,7 +269,11 @@ impl Pipeline {
                     c.kernel(k, dst)
                 })
         });
-        Ok(Operation::new(Pending::RunDev(job), owners))
+        Ok(Operation::new(
+            Pending::RunDev(job),
+            owners,
+            self.inner.streams().to_vec(),
+        ))
     }
 }
 

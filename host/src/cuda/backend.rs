@@ -91,6 +91,7 @@ impl CudaBackend {
                 has_parked: AtomicBool::new(false),
                 ordered,
                 batch_copies: version >= 13000,
+                draining: Default::default(),
             }),
             info,
         })
@@ -434,7 +435,12 @@ impl Backend for CudaBackend {
         let counted = sent.clone();
         let thread = std::thread::Builder::new()
             .name("cuda-watcher".into())
-            .spawn(move || watch::watch(shared, rx, &counted))
+            .spawn(move || {
+                let draining = shared.clone();
+                watch::watch(shared, rx, &counted);
+                // The stream was dropped and every point it sent is done.
+                draining.draining.end();
+            })
             .map_err(|e| Error::Internal(format!("cannot start a watcher thread: {e}")))?;
         Ok(Box::new(CudaStream {
             stream: StreamHandle(s),
@@ -468,6 +474,8 @@ impl Backend for CudaBackend {
         self.shared.free_parked();
         // SAFETY: the context is current on this thread.
         let r = unsafe { sys::cuCtxSynchronize() };
+        // Dropped streams' watchers still delivering completions.
+        self.shared.draining.wait();
         self.shared.check("cuCtxSynchronize", r)
     }
 

@@ -3,6 +3,7 @@
 //! watchers.
 
 use super::{code_name, is_sticky, OrderedMem, WaitMode};
+use crate::backend::Draining;
 use crate::completion::lock;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult};
@@ -29,6 +30,8 @@ pub(crate) struct Shared {
     pub(super) ordered: Option<OrderedMem>,
     /// The driver has `cuMemcpyBatchAsync_v2` (CUDA 13.0 and later).
     pub(super) batch_copies: bool,
+    /// Watchers of dropped streams still delivering their completions.
+    pub(super) draining: Draining,
 }
 
 /// Memory the GPU is done with, to be freed or unregistered off the watchers.

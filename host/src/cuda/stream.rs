@@ -35,14 +35,17 @@ impl Drop for CudaStream {
         unsafe {
             sys::cuStreamDestroy_v2(self.stream.0);
         }
+        self.shared.draining.begin();
         drop(lock(&self.watcher).take());
         // Wait for it: a watcher left running could be the last owner of the
         // context and tear it down while the process exits, racing the
         // driver's own teardown (seen as heap corruption at exit under
-        // compute-sanitizer). Not from the watcher itself (a deferred release
-        // that drops its own stream).
+        // compute-sanitizer). Not on a completion thread (a deferred release,
+        // on this watcher or on one whose stream this stream's work may wait
+        // for: joining there could wait forever): the watcher then drains on
+        // its own, counted in `draining`, which `synchronize` waits for.
         if let Some(t) = lock(&self.thread).take() {
-            if t.thread().id() != std::thread::current().id() {
+            if !crate::completion::on_completion_thread() {
                 let _ = t.join();
             }
         }

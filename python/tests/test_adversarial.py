@@ -1,0 +1,172 @@
+"""What an adversarial user found (the eighth session's probe), each now a
+test: the garbage collector running inside a buffer's own method, NumPy
+replacing a pinned array's memory, weak references and PickleBuffers reaching
+memory in flight, one buffer in two roles of a batch, a second waiter, and
+drops that must not hold the GIL. On any backend (the CPU emulation in CI)."""
+import asyncio
+import gc
+import pickle
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import gpufeed
+
+
+def _cycle(obj):
+    """Makes `obj` reachable only from a garbage cycle."""
+    c = [obj]
+    c.append(c)
+
+
+def test_an_operation_collected_inside_a_buffer_getter_hands_the_buffers_back(device, alloc):
+    s = gpufeed.Stream(device)
+    keep, bufs = [], []
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(3)
+    try:
+        for _ in range(60):
+            x = alloc.alloc((16,), "float32", zero=True)
+            d = device.empty((16,), "float32")
+            bufs.append((x, d))
+            _cycle(s.copy_h2d(x, d))
+            for _ in range(5):
+                keep.append(x.shape)  # the collector runs inside this getter
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+    s.synchronize()
+    # A dropped operation's buffers read as freed (or came back): never stuck.
+    assert not [x for x, d in bufs if x.state == "in-flight" or d.state == "in-flight"]
+
+
+def test_a_view_collected_inside_a_getter_is_released(alloc):
+    keep, bufs = [], []
+    gc.collect()
+    old = gc.get_threshold()
+    gc.set_threshold(3)
+    try:
+        for _ in range(40):
+            x = alloc.alloc((16,), "float32", zero=True)
+            bufs.append(x)
+            _cycle(memoryview(x))
+            for _ in range(5):
+                keep.append(x.shape)
+    finally:
+        gc.set_threshold(*old)
+    gc.collect()
+    assert {b.exports for b in bufs} == {0}
+    for b in bufs:
+        b.free()
+
+
+def test_a_pinned_array_whose_memory_numpy_replaced_is_refused_not_read():
+    x = np.ones(1 << 16, np.float32)
+    pb = gpufeed.pin(x)
+    # ndarray.__setstate__ frees the data under a live export.
+    x.__setstate__((1, (4,), np.dtype(np.float32), False, b"\0" * 16))
+    del x
+    with pytest.raises(BufferError, match="replaced or freed"):
+        pb.get_array()
+    with pytest.raises(BufferError):
+        memoryview(pb)
+    assert pb.state == "freed"
+
+
+def test_weak_references_to_a_pinned_array_block_operations(device):
+    s = gpufeed.Stream(device)
+    d = device.empty((1024,), "float32")
+    d.upload(np.full(1024, 7.0, np.float32))
+    x = np.zeros(1024, np.float32)
+    w = weakref.ref(x)
+    pb = gpufeed.pin(x)
+    del x
+    with pytest.raises(BufferError, match="weak references"):
+        s.copy_d2h(d, pb)
+    assert pb.state == "ready"
+    del w
+    s.copy_d2h(d, pb).wait()
+    assert (pb.get_array() == 7.0).all()
+
+
+def test_a_pickle_buffer_cannot_be_pinned(device):
+    ba = bytearray(4096)
+    with pytest.raises(BufferError, match="PickleBuffer"):
+        gpufeed.pin(pickle.PickleBuffer(ba))
+
+
+def test_one_pinned_buffer_as_source_and_destination_of_a_batch_is_refused_up_front(device, alloc):
+    s = gpufeed.Stream(device)
+    x = alloc.alloc((4,), "float32")
+    x.get_array()[:] = 1.0
+    d = device.empty((4,), "float32")
+    d2 = device.empty((4,), "float32")
+    d2.upload(np.full(4, 5.0, np.float32))
+    with pytest.raises(ValueError, match="source and a copy's destination"):
+        s.submit(("d2h", d2, x), ("h2d", x, d))
+    with pytest.raises(ValueError, match="source and a copy's destination"):
+        s.submit(("h2d", x, d), ("scale", d, 2.0), ("d2h", d, x))
+    # Nothing ran: the buffer is as it was, and usable.
+    assert x.state == "ready" and (x.get_array() == 1.0).all()
+    s.submit(("h2d", x, d), ("scale", d, 2.0)).wait()
+    s.submit(("d2h", d, x)).wait()
+    assert (x.get_array() == 2.0).all()
+
+
+def test_a_second_waiter_waits_for_the_first(device, alloc):
+    s = gpufeed.Stream(device)
+
+    async def aw(op):
+        return await op
+
+    async def main():
+        x = alloc.alloc((1 << 16,), "float32", zero=True)
+        d = device.empty((1 << 16,), "float32")
+        op = s.submit(("h2d", x, d), ("intensity", d, 500))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(aw(op), 0.001)
+        op.wait()  # the executor still waits: this waits with it
+        assert x.state == "ready" and op.done()
+
+    asyncio.run(main())
+
+
+def test_dropping_a_stream_or_pipeline_never_holds_the_gil(device, alloc):
+    n = 1 << 18
+    x = alloc.alloc((n,), "float32", zero=True)
+    y = alloc.alloc((n,), "float32")
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=ticker, daemon=True)
+    t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    # A temporary pipeline: its Python object goes at once, the run goes on.
+    op = gpufeed.Pipeline(device).run_async(x, y, kernel="intensity", arg=1500)
+    issued = time.monotonic() - t0
+    op.wait()
+    total = time.monotonic() - t0
+    s = gpufeed.Stream(device)
+    d = device.empty((n,), "float32")
+    op2 = s.submit(("h2d", x, d), ("intensity", d, 1500))
+    del s  # the operation keeps the stream: nothing waits here
+    op2.wait()
+    stop.set()
+    t.join()
+    assert x.state == "ready" and y.state == "ready"
+    gaps = [b - a for a, b in zip(ticks, ticks[1:]) if a >= t0]
+    # The run was not waited for when the temporary pipeline went, and the
+    # other thread ran while the work did (the GIL was never held for it).
+    assert total > 0.2, total  # long enough to tell
+    assert issued < total / 2, (issued, total)
+    assert gaps and max(gaps) < total / 2, (max(gaps), total)
