@@ -113,8 +113,13 @@ impl MultiPipeline {
                 (input, output),
             );
         }
+        // The plan is checked against the whole array (as one device's run
+        // checks it), then each part gets a plan that fits it (fewer chunks
+        // for a short one).
+        if let Err(e) = plan.validate(src.1) {
+            return MultiJob::failed(e, (input, output));
+        }
         let parts = self.parts(src.1);
-        // Each part gets a plan that fits it (fewer chunks for a short one).
         let held = Arc::new(Held((input, output)));
         let jobs = self
             .pipes
@@ -150,9 +155,13 @@ impl MultiPipeline {
 /// `n` elements in `k` contiguous parts (see [`MultiPipeline::parts`]).
 fn split(n: usize, k: usize) -> Vec<Range<usize>> {
     let k = k.max(1);
-    let step = n.div_ceil(k).div_ceil(PART_ALIGN) * PART_ALIGN;
+    // Saturating: `n` near `usize::MAX` (zero-sized elements) must not overflow.
+    let step = n
+        .div_ceil(k)
+        .div_ceil(PART_ALIGN)
+        .saturating_mul(PART_ALIGN);
     (0..k)
-        .map(|i| (i * step).min(n)..((i + 1) * step).min(n))
+        .map(|i| i.saturating_mul(step).min(n)..(i + 1).saturating_mul(step).min(n))
         .collect()
 }
 

@@ -202,8 +202,11 @@ impl Plan {
             .iter()
             .map(|l| (l / 64 * 64).max(64))
             .collect();
-        let ramp_total: usize = ramp.iter().sum::<usize>() * 2;
-        let sizes: Vec<usize> = if !self.ramp || n < ramp_total + m {
+        let ramp_total = ramp
+            .iter()
+            .fold(0usize, |a, &b| a.saturating_add(b))
+            .saturating_mul(2);
+        let sizes: Vec<usize> = if !self.ramp || n < ramp_total.saturating_add(m) {
             (0..self.chunks)
                 .map(|i| self.chunk(i, n).len())
                 .filter(|l| *l > 0)
@@ -254,14 +257,18 @@ impl Plan {
     /// The element range of chunk `i` of `n`: chunks are multiples of 64
     /// elements (256 bytes) except the last.
     pub fn chunk(&self, i: usize, n: usize) -> std::ops::Range<usize> {
+        // Saturating: `n` near `usize::MAX` (zero-sized elements) must not
+        // overflow.
         let len = self.chunk_len(n);
-        let start = (i * len).min(n);
-        start..(start + len).min(n)
+        let start = i.saturating_mul(len).min(n);
+        start..start.saturating_add(len).min(n)
     }
 
     /// Elements per chunk (the last may be shorter).
     pub fn chunk_len(&self, n: usize) -> usize {
-        n.div_ceil(self.chunks.max(1)).div_ceil(64) * 64
+        n.div_ceil(self.chunks.max(1))
+            .div_ceil(64)
+            .saturating_mul(64)
     }
 }
 
@@ -892,8 +899,13 @@ impl Pipeline {
         if let Err(e) = checked {
             return Job::failed(e, Some(bundle));
         }
-        let slots = plan.slots();
         let ranges = plan.ranges(n);
+        // An engines ring needs no more buffers than there are chunks: a
+        // larger slot count would only allocate device scratch never used.
+        let slots = match plan.layout {
+            Layout::Engines { slots } => slots.min(ranges.len()).max(1),
+            Layout::RoundRobin { .. } => plan.slots(),
+        };
         let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
         // One run's commands reach each stream as one unbroken sequence, and
         // each slot's first use waits for its last use by earlier runs

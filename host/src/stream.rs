@@ -31,9 +31,13 @@ use std::task::{Context, Poll};
 ///
 /// Clones share the stream. Dropping the last clone waits until the work
 /// already queued has run and the stream's completion thread has delivered
-/// the completions still due (so no thread of ours outlives the stream, and
-/// [`Device::synchronize`] never misses work of a dropped stream), which
-/// takes as long as that work does; on both backends.
+/// the completions still due (so no thread of ours outlives the stream),
+/// which takes as long as that work does; on both backends. Except on a
+/// completion thread (the last clone held by a cancelled job's bundle,
+/// released there): the drop then returns at once, since that thread may be
+/// the one the stream's work waits for, and the stream's completion thread
+/// finishes on its own. Either way [`Device::synchronize`] waits for the
+/// work of dropped streams too.
 #[derive(Clone)]
 pub struct Stream {
     raw: Arc<dyn RawStream>,

@@ -222,3 +222,41 @@ fn pinned_memory_placed_on_a_node_is_found_there() {
     assert_eq!(device.numa_node(), None);
     assert_eq!(PinnedPool::near(&device).node(), None);
 }
+
+#[test]
+fn a_multi_device_run_refuses_the_plans_one_device_refuses_and_hands_the_buffers_back() {
+    let devices = cpu_devices(2);
+    let multi = MultiPipeline::new(&devices, 2).unwrap();
+    let pool = PinnedPool::new(&devices[0]);
+    let n = 1000;
+    for plan in [
+        Plan::uniform(0, 1),
+        Plan::engines(0, 2),
+        Plan::uniform(5000, 2),
+    ] {
+        let mut input = pool.alloc::<f32>(n).unwrap();
+        input.as_mut_slice().fill(1.5);
+        let output = pool.alloc::<f32>(n).unwrap();
+        let err = block_on(multi.run(input, output, Kernel::Scale { s: 2.0 }, plan))
+            .expect_err("the plan fits no run of 1000 elements");
+        assert!(
+            matches!(err.error, Error::InvalidArgument(_)),
+            "{plan}: {:?}",
+            err.error
+        );
+        let (input, _output) = err
+            .bundle
+            .expect("a validation error hands the buffers back");
+        assert!(input.as_slice().iter().all(|&v| v == 1.5));
+    }
+}
+
+#[test]
+fn parts_of_usize_max_zero_sized_elements_do_not_overflow() {
+    let devices = cpu_devices(2);
+    let multi = MultiPipeline::new(&devices, 1).unwrap();
+    let parts = multi.parts(usize::MAX);
+    assert_eq!(parts.first().map(|r| r.start), Some(0));
+    assert_eq!(parts.last().map(|r| r.end), Some(usize::MAX));
+    assert!(parts.windows(2).all(|w| w[0].end == w[1].start));
+}

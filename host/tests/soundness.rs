@@ -595,3 +595,37 @@ fn dropping_a_stream_waits_for_its_queued_work_so_synchronize_misses_nothing(dev
         .unwrap();
     assert!(ev.iter().all(Event::is_done), "{}", device.kind());
 }
+
+#[test]
+fn plans_over_usize_max_zero_sized_elements_do_not_overflow() {
+    for plan in [
+        Plan::uniform(1, 1),
+        Plan::uniform(4, 1),
+        Plan::engines(3, 2),
+    ] {
+        let ranges = plan.ranges(usize::MAX);
+        assert_eq!(ranges.first().map(|r| r.start), Some(0), "{plan}");
+        assert_eq!(ranges.last().map(|r| r.end), Some(usize::MAX), "{plan}");
+        assert!(ranges.windows(2).all(|w| w[0].end == w[1].start), "{plan}");
+        let last = plan.chunk(1000, usize::MAX);
+        assert!(
+            last.is_empty(),
+            "{plan}: chunk 1000 of {} is {last:?}",
+            plan.chunks
+        );
+    }
+    // A pipeline run over them: no panic in the library, the buffers back.
+    let device = host::Device::cpu();
+    let pipe = Pipeline::new(&device, 3).unwrap();
+    let input = PinnedBuffer::<()>::new(&device, usize::MAX).unwrap();
+    let output = PinnedBuffer::<()>::new(&device, usize::MAX).unwrap();
+    let run = pipe.run_stage(
+        (input,),
+        (output,),
+        Plan::uniform(2, 2),
+        false,
+        |_c, _chunk| Ok(()),
+    );
+    let ((input, output), _) = block_on(run).expect("zero bytes move");
+    assert_eq!((input.0.len(), output.0.len()), (usize::MAX, usize::MAX));
+}
