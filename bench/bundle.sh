@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds what a GPU round needs into .gpu/ (git-ignored): ../shared/tools/gpu-bundle
+# (release binaries, examples, test executables), minus the test executables that
+# have no GPU half (they run in CI on the CPU emulation), plus the gpufeed wheel
+# (.gpu/wheels) and the commit (.gpu/COMMIT). The tree and .gpu together must stay
+# under the 64 MiB a call carries. Then: run `bash bench/gpu-round.sh ...` there
+# with carry [".gpu"].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+../shared/tools/gpu-bundle "$@"
+# No GPU half: the build helper, the kernel ABI, the kernel bodies on the host,
+# the host-side bf16 conversion, the Python crate's unit tests, the binary's tests,
+# and the CPU emulation's lock limit.
+for t in kernel_builder kernel_abi gpu_kernels bf16_kernels bodies conversion gpufeed lock_limit; do
+  rm -f .gpu/tests/"$t"-*
+done
+for f in .gpu/tests/host-*; do  # the binary's unit tests (demo::), not the library's
+  if "$f" --list 2>/dev/null | grep -q '^demo::'; then rm -f "$f"; fi
+done
+bash python/build-wheel.sh "$PWD/.gpu/wheels" > /dev/null
+git rev-parse HEAD > .gpu/COMMIT
+git diff --quiet HEAD || echo "bundle: the tree has uncommitted changes (COMMIT names HEAD)" >&2
+du -sh .gpu
