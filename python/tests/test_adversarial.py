@@ -16,6 +16,12 @@ import pytest
 import gpufeed
 
 
+def _long_work(device):
+    """(elements, intensity) of an `intensity` kernel that takes a few hundred
+    milliseconds on this backend (the emulation is some 10^4 times slower)."""
+    return (1 << 22, 2_000_000) if device.kind == "cuda" else (1 << 18, 1500)
+
+
 def _cycle(obj):
     """Makes `obj` reachable only from a garbage cycle."""
     c = [obj]
@@ -124,11 +130,12 @@ def test_a_second_waiter_waits_for_the_first(device, alloc):
         return await op
 
     async def main():
-        x = alloc.alloc((1 << 16,), "float32", zero=True)
-        d = device.empty((1 << 16,), "float32")
-        op = s.submit(("h2d", x, d), ("intensity", d, 500))
+        n, k = _long_work(device)
+        x = alloc.alloc((n,), "float32", zero=True)
+        d = device.empty((n,), "float32")
+        op = s.submit(("h2d", x, d), ("intensity", d, k))
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(aw(op), 0.001)
+            await asyncio.wait_for(aw(op), 0.01)
         op.wait()  # the executor still waits: this waits with it
         assert x.state == "ready" and op.done()
 
@@ -136,7 +143,7 @@ def test_a_second_waiter_waits_for_the_first(device, alloc):
 
 
 def test_dropping_a_stream_or_pipeline_never_holds_the_gil(device, alloc):
-    n = 1 << 18
+    n, k = _long_work(device)
     x = alloc.alloc((n,), "float32", zero=True)
     y = alloc.alloc((n,), "float32")
     ticks = []
@@ -152,13 +159,13 @@ def test_dropping_a_stream_or_pipeline_never_holds_the_gil(device, alloc):
     time.sleep(0.05)
     t0 = time.monotonic()
     # A temporary pipeline: its Python object goes at once, the run goes on.
-    op = gpufeed.Pipeline(device).run_async(x, y, kernel="intensity", arg=1500)
+    op = gpufeed.Pipeline(device).run_async(x, y, kernel="intensity", arg=k)
     issued = time.monotonic() - t0
     op.wait()
     total = time.monotonic() - t0
     s = gpufeed.Stream(device)
     d = device.empty((n,), "float32")
-    op2 = s.submit(("h2d", x, d), ("intensity", d, 1500))
+    op2 = s.submit(("h2d", x, d), ("intensity", d, k))
     del s  # the operation keeps the stream: nothing waits here
     op2.wait()
     stop.set()
