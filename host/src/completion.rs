@@ -166,9 +166,32 @@ impl Completion {
     }
 
     /// Blocks the calling thread until finished (for synchronous paths and the
-    /// CPU backend's workers; never called from an executor by this crate).
+    /// CPU backend's workers). Parks the thread between looks; it is no
+    /// executor, so it works inside one too (`futures::executor::block_on`
+    /// refuses to run inside another executor: a panic in a synchronous wait
+    /// like `run_sync`'s, with work still queued on the bundle).
     pub fn block(&self) -> Result<()> {
-        futures::executor::block_on(self.wait())
+        /// Unparks the waiting thread.
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+            fn wake_by_ref(self: &std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            // Registers the waker before the last look (see `poll_done`), so
+            // a completion between the look and the park unparks it: a park
+            // after an unpark returns at once.
+            if let Poll::Ready(r) = self.poll_done(&mut cx) {
+                return r;
+            }
+            std::thread::park();
+        }
     }
 }
 

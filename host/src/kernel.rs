@@ -40,6 +40,13 @@ impl LaunchConfig {
     /// One block of one thread.
     pub const SINGLE: LaunchConfig = LaunchConfig { grid: 1, block: 1 };
 
+    /// The most blocks a launch may have (CUDA's grid.x limit, 2^31 - 1);
+    /// more is refused with `InvalidArgument`, on every backend.
+    pub const MAX_GRID: u32 = i32::MAX as u32;
+
+    /// The most threads a block may have (CUDA's 1024); more is refused.
+    pub const MAX_BLOCK: u32 = 1024;
+
     /// For a grid-stride kernel over `items` work items: blocks of 256
     /// threads, as many as the items need but no more than fill the device
     /// (8 blocks per multiprocessor; on the CPU emulation, per worker

@@ -374,15 +374,27 @@ impl Stream {
         // it recorded awaitable events, the wait goes through the completion
         // source (which completes them in order) so they read as done; else
         // through the driver's own wait on this thread.
-        let waited = if watched > 0 {
-            crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
-                .and_then(|()| self.raw.record(false))
-                .and_then(|raw| raw.completion.block())
-        } else {
-            // The driver's own stream wait: no event to record, no thread
-            // hand-off.
-            crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
-                .and_then(|()| self.raw.synchronize_in_driver())
+        let wait = || {
+            if watched > 0 {
+                crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
+                    .and_then(|()| self.raw.record(false))
+                    .and_then(|raw| raw.completion.block())
+            } else {
+                // The driver's own stream wait: no event to record, no thread
+                // hand-off.
+                crate::completion::refuse_blocking_on_completion_thread("Stream::run_sync")
+                    .and_then(|()| self.raw.synchronize_in_driver())
+            }
+        };
+        // A panic while waiting (none is expected) must not drop the bundle
+        // under its queued work: it is released when that work is done, as a
+        // panic in `f` is, and the panic goes on.
+        let waited = match std::panic::catch_unwind(AssertUnwindSafe(wait)) {
+            Ok(waited) => waited,
+            Err(panic) => {
+                self.release_when_done(bundle, enqueued);
+                std::panic::resume_unwind(panic)
+            }
         };
         match (waited, outcome) {
             (Ok(()), Ok(v)) => Ok((bundle, v)),
@@ -770,12 +782,21 @@ impl<'a> Commands<'a> {
         A: Args<'a, Params = K::Params>,
     {
         self.same_device(f.device_id)?;
-        if config.grid == 0 || config.block == 0 {
+        // CUDA's limits (grid.x up to 2^31 - 1, 1024 threads a block), on
+        // every backend: a launch the GPU would refuse is refused on the
+        // CPU emulation too.
+        if config.grid == 0
+            || config.block == 0
+            || config.grid > LaunchConfig::MAX_GRID
+            || config.block > LaunchConfig::MAX_BLOCK
+        {
             return Err(Error::InvalidArgument(format!(
-                "a launch of `{}` with {} blocks of {} threads",
+                "a launch of `{}` with {} blocks of {} threads (1 to {} blocks of 1 to {} threads)",
                 K::NAME,
                 config.grid,
-                config.block
+                config.block,
+                LaunchConfig::MAX_GRID,
+                LaunchConfig::MAX_BLOCK
             )));
         }
         let mut touches = Vec::new();
@@ -961,6 +982,32 @@ impl<B: Send + 'static, R> Job<B, R> {
         }
     }
 
+    /// An unfinished job awaited on a completion thread (an executor run in
+    /// the `Drop` of a cancelled job's bundle): that thread may be the one
+    /// that completes it, so waiting could wait for ever. It resolves to
+    /// [`Error::Internal`] at once instead; its bundle is released when its
+    /// work is done, as a dropped job's is (`bundle: None`).
+    fn refuse_on_completion_thread(&mut self) -> JobError<B> {
+        if let JobState::Pending {
+            completion,
+            bundle,
+            keep,
+            ..
+        } = std::mem::replace(&mut self.state, JobState::Done)
+        {
+            completion.defer(move || drop((bundle, keep)));
+        }
+        JobError {
+            error: Error::Internal(
+                "a job awaited on one of the library's completion threads (in the Drop of a \
+                 cancelled job's bundle) would wait for itself; its buffers are released when \
+                 its work is done"
+                    .into(),
+            ),
+            bundle: None,
+        }
+    }
+
     /// Whether the job's work has finished (it then resolves at once).
     pub fn is_done(&self) -> bool {
         match &self.state {
@@ -977,6 +1024,9 @@ impl<B: Send + 'static, R> Future for Job<B, R> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let JobState::Pending { completion, .. } = &self.state {
+            if !completion.is_done() && crate::completion::on_completion_thread() {
+                return Poll::Ready(Err(self.refuse_on_completion_thread()));
+            }
             if completion.poll_done(cx).is_pending() {
                 return Poll::Pending;
             }

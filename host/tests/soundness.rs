@@ -524,6 +524,55 @@ impl Drop for BlocksOnDrop {
     }
 }
 
+/// A bundle whose `Drop` awaits a job on a stream of the device (on the
+/// completion thread that drops it).
+struct AwaitsOnDrop {
+    stream: Stream,
+    seen: Arc<std::sync::Mutex<Option<host::Result<()>>>>,
+    _dev: DeviceBuffer<f32>,
+}
+
+impl Drop for AwaitsOnDrop {
+    fn drop(&mut self) {
+        let r = host::block_on(self.stream.run((), |_, _| Ok(())))
+            .map(drop)
+            .map_err(host::Error::from);
+        *self.seen.lock().unwrap() = Some(r);
+    }
+}
+
+host::backend_tests!(
+    a_bundle_that_awaits_a_job_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang
+);
+fn a_bundle_that_awaits_a_job_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang(
+    device: host::Device,
+) {
+    let _serial = serial();
+    let stream = Stream::new(&device).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
+    let gate = hold(&stream, &device);
+    let _watchdog = watchdog(&gate);
+    let bundle = AwaitsOnDrop {
+        stream: stream.clone(),
+        seen: seen.clone(),
+        _dev: dev,
+    };
+    drop(stream.run(bundle, |c, b| {
+        c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
+    }));
+    gate.set(1);
+    device.synchronize().unwrap();
+    let seen = seen.lock().unwrap().take();
+    assert!(
+        matches!(seen, Some(Err(Error::Internal(_)))),
+        "{}: {seen:?}",
+        device.kind()
+    );
+    // The stream goes on: a job awaited from here completes.
+    block_on(stream.run((), |_, _| Ok(()))).unwrap();
+}
+
 host::backend_tests!(
     a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang
 );
@@ -628,4 +677,77 @@ fn plans_over_usize_max_zero_sized_elements_do_not_overflow() {
     );
     let ((input, output), _) = block_on(run).expect("zero bytes move");
     assert_eq!((input.0.len(), output.0.len()), (usize::MAX, usize::MAX));
+}
+
+host::backend_tests!(a_synchronous_wait_inside_a_futures_executor_waits_and_hands_the_buffers_back);
+fn a_synchronous_wait_inside_a_futures_executor_waits_and_hands_the_buffers_back(
+    device: host::Device,
+) {
+    let _serial = serial();
+    let stream = Stream::new(&device).unwrap();
+    let pool = PinnedPool::new(&device);
+    let n = 1 << 14;
+    let data = random(n, 7);
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().copy_from_slice(&data);
+    let out = pool.alloc::<f32>(n).unwrap();
+    let dev = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    // `run_sync` and `Device::synchronize` block; inside another executor
+    // they used to panic (futures' block_on refuses to nest), dropping the
+    // bundle under its queued work.
+    let (r, synced) = block_on(async {
+        let r = stream.run_sync((input, dev, out), |c, (i, d, o)| {
+            let d = d.view_mut();
+            c.copy_h2d(i.host(), d)?;
+            c.kernel(Kernel::Intensity { k: 50 }, d)?;
+            c.record()?; // the path through the completion source
+            c.copy_d2h(d, o.host_mut())
+        });
+        (r, device.synchronize())
+    });
+    synced.unwrap();
+    let ((_input, _dev, out), ()) = r.unwrap();
+    let k = Kernel::Intensity { k: 50 };
+    for (got, x) in out.as_slice().iter().zip(&data) {
+        assert_eq!(got.to_bits(), k.reference(*x).to_bits());
+    }
+}
+
+host::backend_tests!(a_launch_past_the_gpus_limits_is_refused_on_every_backend);
+fn a_launch_past_the_gpus_limits_is_refused_on_every_backend(device: host::Device) {
+    use host::LaunchConfig;
+    let stream = Stream::new(&device).unwrap();
+    // SAFETY: host::ptx::PTX is gpu-kernels' PTX, the crate declaring `scale`.
+    let m = unsafe { host::Module::from_ptx(&device, host::ptx::PTX) }.unwrap();
+    let scale = m.function::<gpu_kernels::scale>().unwrap();
+    let mut dev = DeviceBuffer::<f32>::new(&device, 256).unwrap();
+    for cfg in [
+        LaunchConfig {
+            grid: LaunchConfig::MAX_GRID + 1,
+            block: 1,
+        },
+        LaunchConfig {
+            grid: u32::MAX,
+            block: 256,
+        },
+        LaunchConfig {
+            grid: 1,
+            block: LaunchConfig::MAX_BLOCK + 1,
+        },
+    ] {
+        let r = block_on(stream.run(dev, |c, d| c.launch(&scale, cfg, (d.view_mut(), 2.0f32))));
+        let e = r.expect_err("refused");
+        assert!(
+            matches!(e.error, Error::InvalidArgument(_)),
+            "{cfg:?}: {:?}",
+            e.error
+        );
+        // Nothing was enqueued: the buffer comes back.
+        dev = e.bundle.expect("handed back");
+    }
+    let ok = LaunchConfig {
+        grid: 1,
+        block: LaunchConfig::MAX_BLOCK,
+    };
+    block_on(stream.run(dev, |c, d| c.launch(&scale, ok, (d.view_mut(), 2.0f32)))).unwrap();
 }

@@ -131,15 +131,18 @@ pub fn emulate(
     workers: usize,
     body: &(dyn Fn() + Sync),
 ) -> Result<(), String> {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
-    let next = AtomicU32::new(0);
+    // Counted in 64 bits: taking a block number past the last can't wrap
+    // round to 0 (which would run the grid again), whatever `grid` is.
+    let next = AtomicU64::new(0);
     let failure: Mutex<Option<String>> = Mutex::new(None);
     let run = || loop {
         let b = next.fetch_add(1, Ordering::Relaxed);
-        if b >= grid {
+        if b >= u64::from(grid) {
             break;
         }
+        let b = b as u32; // below `grid`, a u32
         for t in 0..block {
             imp::IDX.with(|c| c.set((t, b, block, grid)));
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));

@@ -270,7 +270,7 @@ impl PinnedBuffer {
         let mut acc = dtype.size() as isize;
         for (s, &d) in strides.iter_mut().zip(shape).rev() {
             *s = acc;
-            acc *= d as isize;
+            acc = acc.saturating_mul(d as isize);
         }
         PinnedBuffer {
             state: StateCell::ready(mem),
@@ -740,9 +740,57 @@ pub fn numpy_from_bytes<'py>(
         .call_method1("reshape", (PyTuple::new(py, shape)?,))
 }
 
-/// Keeps a Python object (a memoryview export) until dropped; dropping
-/// without the GIL defers the decref to PyO3's pool, so the completion
-/// thread that drops it never needs the GIL.
+/// A buffer export of a pinned-in-place object, held for the registration.
+/// A raw `Py_buffer` inside an opaque object of ours, not a memoryview: the
+/// garbage collector lists every memoryview (`gc.get_objects()`), whose
+/// `.obj` would hand Python the array in flight. Ours has nothing to read
+/// and no references to visit. The registration holds it as a `Py`, so a
+/// drop without the GIL (on a completion thread) defers the release to
+/// PyO3's pool, and the export is released with the GIL held.
+#[pyclass(frozen)]
+struct Export(ExportView);
+
+/// The filled `Py_buffer` of an [`Export`].
+struct ExportView(Box<ffi::Py_buffer>);
+// SAFETY: the Py_buffer is only read (`ptr`, `len`) and released with the
+// GIL held: it lives inside a Python object, deallocated with the GIL.
+unsafe impl Send for ExportView {}
+// SAFETY: as above; nothing mutates it until its release.
+unsafe impl Sync for ExportView {}
+
+impl Drop for ExportView {
+    fn drop(&mut self) {
+        // SAFETY: filled by a successful PyObject_GetBuffer, released once;
+        // dropped only when its Python object is deallocated, with the GIL.
+        unsafe { ffi::PyBuffer_Release(&mut *self.0) };
+    }
+}
+
+impl Export {
+    /// A writable, C-contiguous export of `obj`.
+    fn get<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, Export>> {
+        // SAFETY: Py_buffer is a plain C struct; all-zero is its "empty" state.
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        let flags = ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_WRITABLE;
+        // SAFETY: obj is a live object (GIL held); view points to writable memory.
+        if unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) } != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        Bound::new(obj.py(), Export(ExportView(view)))
+    }
+
+    fn ptr(&self) -> usize {
+        self.0 .0.buf as usize
+    }
+
+    fn len(&self) -> usize {
+        self.0 .0.len.max(0) as usize
+    }
+}
+
+/// Keeps a Python object until dropped; dropping without the GIL defers the
+/// decref to PyO3's pool, so the completion thread that drops it never
+/// needs the GIL.
 struct PyOwner(#[allow(dead_code)] Py<PyAny>);
 
 /// Pins an existing array in place (`cuMemHostRegister`; `mlock` on the CPU
@@ -767,6 +815,52 @@ pub fn pin(
     pin_on(py, obj, &device)
 }
 
+/// Only objects that own the memory they export can be pinned, and only of
+/// exact types whose export can't be redirected: a `numpy.ndarray` that owns
+/// its data (read through ndarray's own descriptors), a `bytearray`, an
+/// `array.array`, an `mmap.mmap`. A subclass could hide the array its memory
+/// belongs to (`base`), or export another object's memory (`__buffer__`).
+fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    let ty = obj.get_type();
+    let ndarray = py.import("numpy")?.getattr("ndarray")?;
+    if ty.is(&ndarray) {
+        let owns = ndarray
+            .getattr("flags")?
+            .call_method1("__get__", (obj,))?
+            .getattr("owndata")?
+            .extract::<bool>()?;
+        let base = ndarray.getattr("base")?.call_method1("__get__", (obj,))?;
+        if !owns || !base.is_none() {
+            return Err(buffer_error(
+                "pin() of a view of another array: pin the array that owns the memory (the \
+                 other array could be written while the device uses it)",
+            ));
+        }
+        return Ok(());
+    }
+    for (module, name) in [
+        ("builtins", "bytearray"),
+        ("array", "array"),
+        ("mmap", "mmap"),
+    ] {
+        if ty.is(&py.import(module)?.getattr(name)?) {
+            return Ok(());
+        }
+    }
+    if obj.is_instance(&ndarray)? {
+        return Err(buffer_error(format!(
+            "pin() of a subclass of numpy.ndarray ({}): pin a plain ndarray (np.asarray(x) if \
+             it owns its data): a subclass can hide whose memory it is",
+            ty.name()?
+        )));
+    }
+    Err(PyTypeError::new_err(format!(
+        "pin() takes a numpy.ndarray that owns its memory, a bytearray, an array.array or an \
+         mmap.mmap, not {}",
+        ty.name()?
+    )))
+}
+
 pub(crate) fn pin_on(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
@@ -789,14 +883,7 @@ pub(crate) fn pin_on(
     if obj.is_instance_of::<PinnedBuffer>() {
         return Err(buffer_error("a PinnedBuffer is pinned already"));
     }
-    if let Ok(base) = obj.getattr("base") {
-        if !base.is_none() {
-            return Err(buffer_error(
-                "pin() of a view of another array: pin the array that owns the memory (the \
-                 other array could be written while the device uses it)",
-            ));
-        }
-    }
+    check_pinnable(py, obj)?;
     let mv = memoryview.call1((obj,)).map_err(|e| {
         if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py) {
             PyTypeError::new_err(format!("pin() needs a buffer-protocol object: {e}"))
@@ -824,22 +911,26 @@ pub(crate) fn pin_on(
                 "pin() of an unsupported element type (format {format:?}, {itemsize} bytes)"
             ))
         })?;
-    let (ptr, len) = {
-        let v = ContiguousView::get(&mv, true)?;
-        (v.ptr as usize, v.len)
-    };
+    // The memoryview only inspected the buffer: it goes now (a memoryview
+    // kept would be reachable through the garbage collector), and the
+    // registration holds an export of its own.
+    drop(mv);
+    let export = Export::get(obj)?;
+    let (ptr, len) = (export.get().ptr(), export.get().len());
     if len != nbytes(&shape, dtype)? {
         return Err(buffer_error("the buffer's length does not match its shape"));
     }
-    let owner: Box<dyn Send> = Box::new(PyOwner(mv.unbind()));
+    let owner: Box<dyn Send> = Box::new(PyOwner(export.into_any().unbind()));
     let reg = py
         .detach(move || {
-            // SAFETY: the memoryview in `owner` holds an export of `obj`, so its
-            // memory stays allocated and unmoved (an exporter may not free or
-            // resize while exported) until the owner is dropped, which the guard
-            // does only after unregistering. Exclusive use while an operation
-            // holds the guard is enforced by `check_for_operation` (no other
-            // reference to the array, no live view of the buffer).
+            // SAFETY: `owner` holds an export of `obj`, so its memory stays
+            // allocated and unmoved (an exporter may not free or resize while
+            // exported; where NumPy does anyway, every use checks first:
+            // `check_origin`) until the owner is dropped, which the guard does
+            // only after unregistering. Exclusive use while an operation holds
+            // the guard is enforced by `check_for_operation` (no other
+            // reference to the array, weak or strong, no live view of the
+            // buffer, nothing of ours the garbage collector can see).
             unsafe { RegisteredRaw::new(device, ptr as *mut u8, len, owner) }
         })
         .py()?;

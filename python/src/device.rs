@@ -164,15 +164,21 @@ pub fn parse_dtype_or_f32(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<DType> {
     dtype.map_or(Ok(DType::F32), parse_dtype)
 }
 
-/// Bytes of `shape` of `dtype`, or an error.
+/// Bytes of `shape` of `dtype`, or an error. The strides must fit too
+/// (the product of the non-zero dimensions, in bytes, within `isize`), even
+/// when a zero dimension makes the array empty.
 pub fn nbytes(shape: &[usize], dtype: DType) -> PyResult<usize> {
-    shape
-        .iter()
-        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-        .filter(|&b| b <= isize::MAX as usize)
-        .ok_or_else(|| {
-            PyValueError::new_err(format!("shape {shape:?} of {} overflows", dtype.name()))
-        })
+    let fits = |skip_zeros: bool| {
+        shape
+            .iter()
+            .filter(|&&d| !skip_zeros || d > 0)
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize)
+    };
+    let overflow =
+        || PyValueError::new_err(format!("shape {shape:?} of {} overflows", dtype.name()));
+    fits(true).ok_or_else(overflow)?;
+    fits(false).ok_or_else(overflow)
 }
 
 /// Device memory a `DeviceArray` holds.
@@ -477,9 +483,13 @@ impl DeviceArray {
                 view.len
             )));
         }
-        let src = view.as_bytes();
+        // Copied out while the GIL is held: NumPy may free an array's memory
+        // under a live export (`__setstate__` from another thread), so the
+        // copy with the GIL released reads only memory of ours.
+        let staged = view.as_bytes().to_vec();
+        drop(view);
         self.with_own("upload()", |buf| {
-            py.detach(|| buf.copy_from_host_sync(src)).py()
+            py.detach(|| buf.copy_from_host_sync(&staged)).py()
         })
     }
 

@@ -177,3 +177,56 @@ def test_dropping_a_stream_or_pipeline_never_holds_the_gil(device, alloc):
     assert total > 0.2, total  # long enough to tell
     assert issued < total / 2, (issued, total)
     assert gaps and max(gaps) < total / 2, (max(gaps), total)
+
+
+def test_a_subclass_cannot_hide_whose_memory_it_pins(device):
+    class Hides(np.ndarray):
+        base = None  # hides the array the memory belongs to
+
+    owner = np.arange(1024, dtype=np.float32)
+    with pytest.raises(BufferError, match="subclass"):
+        gpufeed.pin(owner.view(Hides), device)
+    with pytest.raises(BufferError, match="subclass"):
+        gpufeed.pin(np.arange(8, dtype=np.float32).view(Hides), device)
+
+
+def test_the_garbage_collector_hands_out_nothing_that_reaches_memory_in_flight(device):
+    n = 1 << 16
+    b = gpufeed.pin(np.zeros(n, np.float32), device)
+    d = device.empty((n,), "float32")
+    d.upload(np.ones(n, np.float32))
+    op = gpufeed.Stream(device).copy_d2h(d, b)
+    found = [
+        o for o in gc.get_objects()
+        if (isinstance(o, memoryview) and o.nbytes == 4 * n)
+        or (isinstance(o, np.ndarray) and o.size == n and o.dtype == np.float32)
+    ]
+    assert not found, found
+    op.wait()
+    assert (b.get_array() == 1.0).all()
+
+
+def test_upload_reads_the_source_with_the_gil_held(device):
+    n = 1 << 22
+    d = device.empty((n,), "float32")
+    a = np.ones(n, np.float32)
+    swapped = threading.Event()
+
+    def swap():
+        time.sleep(0.001)
+        a.__setstate__((1, (4,), np.dtype(np.float32), False, b"\0" * 16))
+        swapped.set()
+
+    t = threading.Thread(target=swap)
+    t.start()
+    d.upload(a)  # either before or after the swap; never freed memory
+    t.join()
+    assert swapped.is_set()
+
+
+def test_shapes_whose_strides_overflow_are_refused(device, alloc):
+    for shape in [(0, 2**33, 2**33), (2**62, 2**62, 0)]:
+        with pytest.raises(ValueError, match="overflows"):
+            alloc.alloc(shape, "uint8")
+        with pytest.raises(ValueError, match="overflows"):
+            device.empty(shape, "uint8")

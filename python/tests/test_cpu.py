@@ -302,18 +302,18 @@ def test_pin_refusals(device):
     ro.flags.writeable = False
     with pytest.raises(BufferError, match="read-only"):
         gpufeed.pin(ro, device)
-    with pytest.raises(BufferError, match="read-only"):
+    with pytest.raises(TypeError, match="takes a numpy.ndarray"):
         gpufeed.pin(b"bytes are immutable", device)
     base = np.zeros(100, np.float32)
     with pytest.raises(BufferError, match="view of another array"):
         gpufeed.pin(base[10:20], device)
     with pytest.raises(BufferError, match="memoryview"):
         gpufeed.pin(memoryview(bytearray(10)), device)
-    with pytest.raises(TypeError, match="buffer"):
+    with pytest.raises(TypeError, match="takes a numpy.ndarray"):
         gpufeed.pin([1, 2, 3], device)
     with pytest.raises(TypeError, match="unsupported element type"):
         gpufeed.pin(np.zeros(3, np.complex64), device)
-    # A bytearray works (any buffer-protocol object).
+    # A bytearray works (as do array.array and mmap.mmap).
     ba = gpufeed.pin(bytearray(100), device)
     assert ba.dtype == "uint8" and ba.nbytes == 100
     ba.free()
