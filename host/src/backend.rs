@@ -84,6 +84,51 @@ pub struct DeviceInfo {
     pub stream_ordered_memory: bool,
 }
 
+/// How many times this process is a `fork()` child of the one before (0 in
+/// the process that started): counted by a `pthread_atfork` child handler,
+/// so telling a stream of the parent costs an atomic load, not a `getpid`.
+static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn count_fork() {
+    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The process generation a stream or device is made in: after `fork()`
+/// the child has none of the parent's threads (stream workers, watchers),
+/// and the CUDA driver does not survive into it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Generation(u32);
+
+impl Generation {
+    /// This process's.
+    pub fn now() -> Generation {
+        static HANDLER: std::sync::Once = std::sync::Once::new();
+        HANDLER.call_once(|| {
+            // SAFETY: registers a child handler that only bumps an atomic
+            // (async-signal-safe); no prepare or parent handler.
+            unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
+        });
+        Generation(FORKS.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether the calling process is the one this was made in.
+    pub fn is_current(&self) -> bool {
+        *self == Generation::now()
+    }
+
+    /// `InvalidArgument` in a `fork()` child.
+    pub fn check(&self, what: &str) -> crate::Result<()> {
+        if self.is_current() {
+            return Ok(());
+        }
+        Err(crate::Error::InvalidArgument(format!(
+            "{what} of the parent process: after fork() the child has none of its threads (and \
+             the CUDA driver does not survive fork); make new streams (on the CPU emulation) or \
+             a new process"
+        )))
+    }
+}
+
 /// The completion threads of dropped streams still finishing their queues.
 ///
 /// A stream dropped on a completion thread (in the release of a cancelled
@@ -92,10 +137,21 @@ pub struct DeviceInfo {
 /// forever. Its completion thread drains its queue on its own, counted here
 /// until it exits, so the backend's `synchronize` (and so
 /// [`Device::synchronize`](crate::Device::synchronize)) still waits for it.
-#[derive(Default)]
 pub(crate) struct Draining {
     count: std::sync::Mutex<usize>,
     exited: std::sync::Condvar,
+    /// A `fork()` child has none of the draining threads: nothing to wait for.
+    generation: Generation,
+}
+
+impl Default for Draining {
+    fn default() -> Self {
+        Draining {
+            count: Default::default(),
+            exited: Default::default(),
+            generation: Generation::now(),
+        }
+    }
 }
 
 impl Draining {
@@ -113,6 +169,9 @@ impl Draining {
 
     /// Waits until no dropped stream's completion thread is still draining.
     pub fn wait(&self) {
+        if !self.generation.is_current() {
+            return;
+        }
         let mut n = crate::completion::lock(&self.count);
         while *n > 0 {
             n = self.exited.wait(n).unwrap_or_else(|p| p.into_inner());

@@ -15,8 +15,8 @@
 //!   trap does.
 
 use crate::backend::{
-    Backend, BackendKind, DeviceInfo, Draining, HostAlloc, HostFlags, RawEvent, RawFunction,
-    RawModule, RawStream, Timer,
+    Backend, BackendKind, DeviceInfo, Draining, Generation, HostAlloc, HostFlags, RawEvent,
+    RawFunction, RawModule, RawStream, Timer,
 };
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
@@ -312,6 +312,7 @@ impl Backend for CpuBackend {
             })
             .map_err(|e| Error::Internal(format!("cannot start a stream worker: {e}")))?;
         Ok(Box::new(CpuStream {
+            generation: Generation::now(),
             tx: Mutex::new(Some(tx)),
             shared: self.shared.clone(),
             worker: Mutex::new(Some(worker)),
@@ -341,6 +342,8 @@ impl Backend for CpuBackend {
 type Task = Box<dyn FnOnce(&Shared, &mut Option<Error>) + Send>;
 
 struct CpuStream {
+    /// The process the worker runs in (not a `fork()` child).
+    generation: Generation,
     /// `None` once the stream is being dropped.
     tx: Mutex<Option<mpsc::Sender<Task>>>,
     shared: Arc<Shared>,
@@ -355,6 +358,14 @@ impl Drop for CpuStream {
         // deferred release, on this worker or on one this worker's work may
         // wait for): there the worker drains on its own, counted in
         // `draining` for `synchronize`.
+        if !self.generation.is_current() {
+            // A fork() child: the worker is the parent's, there is no
+            // thread to join (its queue went with it).
+            if let Some(w) = lock(&self.worker).take() {
+                std::mem::forget(w);
+            }
+            return;
+        }
         self.shared.draining.begin();
         drop(lock(&self.tx).take());
         if let Some(w) = lock(&self.worker).take() {
@@ -367,6 +378,8 @@ impl Drop for CpuStream {
 
 impl CpuStream {
     fn send(&self, task: Task) -> Result<()> {
+        // In a fork() child nothing would run it: refused, not a hang.
+        self.generation.check("a stream")?;
         lock(&self.tx)
             .as_ref()
             .ok_or_else(|| Error::Internal("the stream is being dropped".into()))?

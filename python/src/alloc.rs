@@ -14,8 +14,8 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Pinned host memory a `PinnedBuffer` holds.
 pub enum HostMem {
@@ -226,25 +226,25 @@ impl PinnedAllocator {
 /// Pinned host memory of a shape and dtype: from a `PinnedAllocator`, or an
 /// existing array pinned in place (`gpufeed.pin`).
 ///
-/// NumPy sees it without a copy through the buffer protocol
-/// (`np.asarray(buf)`, `buf.get_array()`), and the buffer counts those views:
-/// while any is alive it can't be freed or given to an operation
-/// (`BufferError`). Given to an operation, its memory moves into the
+/// NumPy sees it without a copy (`buf.get_array()`, `np.asarray(buf)`),
+/// through counted views ([`PinnedView`]): while any is alive it can't be
+/// freed or given to an operation (`BufferError`). It has no buffer protocol:
+/// a memoryview can be released while the NumPy arrays built on it still
+/// point at the memory, so a count kept through it could be dropped early. Given to an operation, its memory moves into the
 /// operation (state `in-flight`: every access raises `BufferError`) and
 /// comes back when the operation is waited for.
 ///
 /// `__dlpack__` exports it as kDLCPU (what PyTorch, NumPy and CuPy accept for
 /// host memory), or kDLCUDAHost with `dlpack_device = "cuda_host"` (NumPy
-/// accepts it; PyTorch does not). bfloat16 is exported to the buffer
-/// protocol as its raw bits (`uint16`), to DLPack as kDLBfloat.
+/// accepts it; PyTorch does not). bfloat16 is exported to NumPy as its raw
+/// bits (`uint16`), to DLPack as kDLBfloat.
 #[pyclass(module = "gpufeed", frozen)]
 pub struct PinnedBuffer {
     pub(crate) state: StateCell<HostMem>,
-    /// Live buffer-protocol exports; changed under the state's lock.
-    exports: AtomicUsize,
+    /// Live views ([`PinnedView`]s); raised under the state's lock.
+    exports: Arc<AtomicUsize>,
     pub(crate) dtype: DType,
     shape: Box<[isize]>,
-    strides: Box<[isize]>,
     pub(crate) nbytes: usize,
     pub(crate) device: host::Device,
     /// Pinned in place: the object whose memory this is, and the range
@@ -266,18 +266,11 @@ impl PinnedBuffer {
         origin: Option<(Py<PyAny>, usize, usize)>,
     ) -> Self {
         let nbytes = shape.iter().product::<usize>() * dtype.size();
-        let mut strides = vec![0isize; shape.len()];
-        let mut acc = dtype.size() as isize;
-        for (s, &d) in strides.iter_mut().zip(shape).rev() {
-            *s = acc;
-            acc = acc.saturating_mul(d as isize);
-        }
         PinnedBuffer {
             state: StateCell::ready(mem),
-            exports: AtomicUsize::new(0),
+            exports: Arc::new(AtomicUsize::new(0)),
             dtype,
             shape: shape.iter().map(|&d| d as isize).collect(),
-            strides: strides.into(),
             nbytes,
             device: device.clone(),
             origin,
@@ -387,13 +380,33 @@ impl PinnedBuffer {
         Err(buffer_error(why))
     }
 
-    pub(crate) fn get_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        // Say why up front: NumPy turns a refused buffer export into a 0-d
-        // object array instead of raising.
+    /// A counted view of the memory: the base object of the arrays handed
+    /// out (see [`PinnedView`]).
+    fn view<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PinnedView>> {
         let this = slf.get();
         this.check_origin(slf.py())?;
-        this.state.lock().get("the pinned buffer")?;
-        slf.py().import("numpy")?.call_method1("asarray", (slf,))
+        let ptr = {
+            // Counted under the state's lock: an operation or a free can't
+            // take the memory between the check and the count.
+            let mut state = this.state.lock();
+            let ptr = state.get_mut("the pinned buffer")?.ptr() as usize;
+            this.exports.fetch_add(1, Ordering::SeqCst);
+            ptr
+        };
+        // Made before anything can fail, so its Drop takes the count back.
+        let view = PinnedView {
+            _buf: slf.clone().unbind(),
+            exports: this.exports.clone(),
+            ptr,
+            shape: this.shape.clone(),
+            typestr: this.dtype.typestr(),
+        };
+        Bound::new(slf.py(), view)
+    }
+
+    pub(crate) fn get_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let view = Self::view(slf)?;
+        slf.py().import("numpy")?.call_method1("asarray", (view,))
     }
 }
 
@@ -548,11 +561,6 @@ impl PinnedBuffer {
             ));
         }
         let py = slf.py();
-        // The view first (it fails for a buffer in flight or freed).
-        let view = py
-            .import("builtins")?
-            .getattr("memoryview")?
-            .call1((slf,))?;
         let this = slf.get();
         let device = match dl_device {
             None => this.__dlpack_device__(),
@@ -563,9 +571,11 @@ impl PinnedBuffer {
                 )))
             }
         };
-        let data = this.state.lock().get_mut("the pinned buffer")?.ptr();
+        // A counted view, kept by the capsule (it fails for a buffer in
+        // flight or freed).
+        let view = Self::view(slf)?;
         let spec = crate::dlpack::Spec {
-            data: data.cast(),
+            data: view.get().ptr as *mut std::ffi::c_void,
             device,
             dtype: this.dtype,
             shape: this.shape.iter().map(|&d| d as i64).collect(),
@@ -574,71 +584,31 @@ impl PinnedBuffer {
         crate::dlpack::export(
             py,
             spec,
-            crate::dlpack::Keep::Host(view.unbind()),
+            crate::dlpack::Keep::Host(view.into_any().unbind()),
             max_version,
         )
     }
 
-    /// The buffer protocol: a C-contiguous, writable view of the memory.
-    /// Raises `BufferError` while an operation holds the buffer or after it
-    /// was freed.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(buffer_error("a null Py_buffer"));
+    /// `np.asarray(buf)` (NumPy's array protocol): a counted view, as
+    /// `get_array()`; with `dtype` (or `copy=True`) NumPy's own conversion
+    /// of it.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let arr = Self::get_array(slf)?;
+        if dtype.is_none() && copy != Some(true) {
+            return Ok(arr);
         }
-        let this = slf.get();
-        this.check_origin(slf.py())?;
-        // Counted under the state's lock: an operation or a free can't take
-        // the memory between the check and the count.
-        let mut state = this.state.lock();
-        let ptr = state.get_mut("the pinned buffer")?.ptr();
-        let ndim = this.shape.len();
-        let format = if flags & ffi::PyBUF_FORMAT != 0 {
-            this.dtype.format().as_ptr().cast_mut()
-        } else {
-            std::ptr::null_mut()
-        };
-        let shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-            this.shape.as_ptr().cast_mut()
-        } else {
-            std::ptr::null_mut()
-        };
-        let strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-            this.strides.as_ptr().cast_mut()
-        } else {
-            std::ptr::null_mut()
-        };
-        let (nbytes, item) = (this.nbytes as isize, this.dtype.size() as isize);
-        this.exports.fetch_add(1, Ordering::SeqCst);
-        drop(state);
-        // SAFETY: `view` is the non-null Py_buffer the interpreter gave us to
-        // fill. The memory (pointer, shape, strides, format) stays valid until
-        // `__releasebuffer__`: the state can't leave Ready (no operation, no
-        // free) while `exports` > 0, and `obj` keeps this object alive.
-        unsafe {
-            (*view).obj = slf.into_any().into_ptr();
-            (*view).buf = ptr.cast();
-            (*view).len = nbytes;
-            (*view).readonly = 0;
-            (*view).itemsize = item;
-            (*view).format = format;
-            (*view).ndim = ndim as c_int;
-            (*view).shape = shape;
-            (*view).strides = strides;
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
-        }
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
-        let _ = self
-            .exports
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        let kwargs = PyDict::new(slf.py());
+        kwargs.set_item("dtype", dtype)?;
+        kwargs.set_item("copy", copy)?;
+        slf.py()
+            .import("numpy")?
+            .getattr("array")?
+            .call((arr,), Some(&kwargs))
     }
 
     fn __repr__(&self) -> String {
@@ -653,6 +623,51 @@ impl PinnedBuffer {
                 ""
             }
         )
+    }
+}
+
+/// A counted view of a `PinnedBuffer`'s memory: the base object of every
+/// NumPy array the buffer hands out (`get_array()`, `np.asarray(buf)`) and
+/// what a DLPack capsule of it keeps. It holds the buffer (so its memory)
+/// and one count of the buffer's live views until the last array over it
+/// goes; nothing can release it earlier, unlike a memoryview. NumPy reads
+/// the memory through its `__array_interface__`.
+#[pyclass(module = "gpufeed", frozen)]
+pub struct PinnedView {
+    _buf: Py<PinnedBuffer>,
+    exports: Arc<AtomicUsize>,
+    ptr: usize,
+    shape: Box<[isize]>,
+    typestr: &'static str,
+}
+
+#[pymethods]
+impl PinnedView {
+    /// NumPy's array interface (v3) of the memory: C-contiguous, writable.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, self.shape.iter())?)?;
+        d.set_item("typestr", self.typestr)?;
+        d.set_item("data", (self.ptr, false))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpufeed.PinnedView shape={:?} {}>",
+            self.shape, self.typestr
+        )
+    }
+}
+
+impl Drop for PinnedView {
+    fn drop(&mut self) {
+        let _ = self
+            .exports
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 }
 
@@ -818,7 +833,7 @@ pub fn pin(
 /// Only objects that own the memory they export can be pinned, and only of
 /// exact types whose export can't be redirected: a `numpy.ndarray` that owns
 /// its data (read through ndarray's own descriptors), a `bytearray`, an
-/// `array.array`, an `mmap.mmap`. A subclass could hide the array its memory
+/// `array.array`. A subclass could hide the array its memory
 /// belongs to (`base`), or export another object's memory (`__buffer__`).
 fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     let ty = obj.get_type();
@@ -838,11 +853,9 @@ fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         }
         return Ok(());
     }
-    for (module, name) in [
-        ("builtins", "bytearray"),
-        ("array", "array"),
-        ("mmap", "mmap"),
-    ] {
+    // Not mmap.mmap: a file's pages are reachable through another mapping
+    // of it, or plain file I/O, while the device uses them.
+    for (module, name) in [("builtins", "bytearray"), ("array", "array")] {
         if ty.is(&py.import(module)?.getattr(name)?) {
             return Ok(());
         }
@@ -855,8 +868,8 @@ fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
         )));
     }
     Err(PyTypeError::new_err(format!(
-        "pin() takes a numpy.ndarray that owns its memory, a bytearray, an array.array or an \
-         mmap.mmap, not {}",
+        "pin() takes a numpy.ndarray that owns its memory, a bytearray or an array.array, not \
+         {} (an mmap's pages can be reached through the file)",
         ty.name()?
     )))
 }

@@ -129,6 +129,17 @@ pub fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 
 /// A dtype: a name (`"float32"`, `"f4"`), a NumPy dtype or type, a PyTorch dtype.
 pub fn parse_dtype(dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    // A NumPy dtype of the other byte order reads as "float32" by name, but
+    // its bytes are not ours: refused rather than misread.
+    if let Ok(native) = dtype.getattr("isnative").and_then(|n| n.extract::<bool>()) {
+        if !native {
+            return Err(PyTypeError::new_err(format!(
+                "unsupported dtype {}: not in the machine's byte order (use .newbyteorder('=') \
+                 on the data, or astype of a native dtype)",
+                dtype.repr().map(|r| r.to_string()).unwrap_or_default()
+            )));
+        }
+    }
     let mut names = Vec::new();
     if let Ok(s) = dtype.extract::<String>() {
         names.push(s);

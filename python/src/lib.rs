@@ -182,6 +182,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::DeviceArray>()?;
     m.add_class::<alloc::PinnedAllocator>()?;
     m.add_class::<alloc::PinnedBuffer>()?;
+    m.add_class::<alloc::PinnedView>()?;
     m.add_class::<ops::Stream>()?;
     m.add_class::<ops::Operation>()?;
     m.add_class::<pipe::Pipeline>()?;

@@ -117,6 +117,11 @@ impl Pipeline {
         let inp = crate::ops::pinned(input, "the input")?;
         let n = {
             let b = inp.get();
+            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
+                return Err(crate::to_py(host::Error::InvalidArgument(
+                    "the input array is on another device than the pipeline".into(),
+                )));
+            }
             if b.dtype != DType::F32 {
                 return Err(PyTypeError::new_err(format!(
                     "the pipeline's kernels run on float32, the input is {}",
@@ -217,6 +222,11 @@ impl Pipeline {
     ) -> PyResult<Operation> {
         {
             let b = out.get();
+            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
+                return Err(crate::to_py(host::Error::InvalidArgument(
+                    "the output device array is on another device than the pipeline".into(),
+                )));
+            }
             if b.dtype != DType::F32 {
                 return Err(PyTypeError::new_err(format!(
                     "the output must be float32, not {}",

@@ -59,7 +59,7 @@ def test_a_view_collected_inside_a_getter_is_released(alloc):
         for _ in range(40):
             x = alloc.alloc((16,), "float32", zero=True)
             bufs.append(x)
-            _cycle(memoryview(x))
+            _cycle(x.get_array())
             for _ in range(5):
                 keep.append(x.shape)
     finally:
@@ -79,7 +79,7 @@ def test_a_pinned_array_whose_memory_numpy_replaced_is_refused_not_read():
     with pytest.raises(BufferError, match="replaced or freed"):
         pb.get_array()
     with pytest.raises(BufferError):
-        memoryview(pb)
+        np.asarray(pb)
     assert pb.state == "freed"
 
 
@@ -230,3 +230,94 @@ def test_shapes_whose_strides_overflow_are_refused(device, alloc):
             alloc.alloc(shape, "uint8")
         with pytest.raises(ValueError, match="overflows"):
             device.empty(shape, "uint8")
+
+
+def test_views_are_counted_by_objects_nobody_can_release_early(alloc):
+    b = alloc.alloc((1 << 12,), "float32")
+    arr = b.get_array()
+    assert isinstance(arr.base, gpufeed.PinnedView)
+    with pytest.raises(AttributeError):
+        arr.base.release()  # a memoryview base could be released under `arr`
+    with pytest.raises(TypeError):
+        memoryview(b)  # no buffer protocol: NumPy views of a memoryview outlive its release
+    with pytest.raises(BufferError, match="live view"):
+        b.free()
+    sub = arr[10:20]
+    del arr
+    with pytest.raises(BufferError, match="live view"):
+        b.free()  # the slice keeps the view
+    del sub
+    assert b.exports == 0
+    # A DLPack consumer's array keeps a counted view too.
+    t = np.from_dlpack(b)
+    with pytest.raises(BufferError, match="live view"):
+        b.free()
+    assert not [o for o in gc.get_objects() if isinstance(o, memoryview)
+                and getattr(o, "obj", None) is b]
+    del t
+    gc.collect()
+    b.free()
+    assert b.state == "freed"
+
+
+def test_a_big_endian_dtype_object_is_refused_not_misread(device, alloc):
+    for dt in [np.dtype(">f4"), np.dtype(">i4")]:
+        with pytest.raises(TypeError, match="byte order"):
+            device.empty((4,), dt)
+        with pytest.raises(TypeError, match="byte order"):
+            alloc.alloc((4,), dt)
+
+
+def test_an_mmap_cannot_be_pinned(device):
+    import mmap
+    m = mmap.mmap(-1, 4096)
+    with pytest.raises(TypeError, match="mmap"):
+        gpufeed.pin(m, device)
+
+
+def test_a_pipeline_refuses_buffers_of_another_device():
+    d1 = gpufeed.Device("cpu")
+    d2 = gpufeed.Device("auto")  # another device (the GPU, or another emulated one)
+    x = gpufeed.PinnedAllocator(d2).alloc((1024,), "float32")
+    y = gpufeed.PinnedAllocator(d1).alloc((1024,), "float32")
+    out = d2.empty((1024,), "float32")
+    pipe = gpufeed.Pipeline(d1)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="another device"):
+        pipe.run(x, y)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="another device"):
+        pipe.run(y, out)
+    assert x.state == y.state == out.state == "ready"
+
+
+def test_a_forked_child_gets_errors_from_the_parents_streams_not_a_hang(device, alloc):
+    import os
+    import sys
+    if device.kind != "cpu":
+        pytest.skip("CUDA does not survive fork(); the CPU emulation's streams are checked")
+    s = gpufeed.Stream(device)
+    x = alloc.alloc((1024,), "float32", zero=True)
+    d = device.empty((1024,), "float32")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            try:
+                s.copy_h2d(x, d).wait()
+                code = 3  # the parent's stream ran in the child?
+            except gpufeed.InvalidArgumentError:
+                pass
+            # A stream of the child's own works.
+            s2 = gpufeed.Stream(device)
+            s2.copy_h2d(x, d).wait()
+            del s2, s  # dropping the parent's stream in the child joins nothing
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            os.write(w, repr(e).encode())
+            code = 4
+        os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    err = os.read(r, 4096).decode()
+    os.close(r)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, err)

@@ -92,6 +92,7 @@ impl CudaBackend {
                 ordered,
                 batch_copies: version >= 13000,
                 draining: Default::default(),
+                generation: crate::backend::Generation::now(),
             }),
             info,
         })

@@ -3,7 +3,7 @@
 //! watchers.
 
 use super::{code_name, is_sticky, OrderedMem, WaitMode};
-use crate::backend::Draining;
+use crate::backend::{Draining, Generation};
 use crate::completion::lock;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult};
@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     pub(super) batch_copies: bool,
     /// Watchers of dropped streams still delivering their completions.
     pub(super) draining: Draining,
+    /// The process the context was opened in: the driver does not survive
+    /// `fork()`, so in a child every operation is refused.
+    pub(super) generation: Generation,
 }
 
 /// Memory the GPU is done with, to be freed or unregistered off the watchers.
@@ -99,6 +102,7 @@ impl Shared {
 
     /// Fails at once when the context is broken.
     pub(super) fn usable(&self) -> Result<()> {
+        self.generation.check("a CUDA device")?;
         match self.broken.get() {
             Some(e) => Err(e.clone()),
             None => Ok(()),

@@ -28,6 +28,14 @@ pub(super) struct CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
+        if !self.shared.generation.is_current() {
+            // A fork() child: the watcher and the driver's stream are the
+            // parent's; nothing to destroy or join here.
+            if let Some(t) = lock(&self.thread).take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         // Pending work still runs to completion; the driver releases the stream
         // afterwards. The watcher drains its queue (delivering the completions
         // and deferred releases still due) and exits when the sender goes.
