@@ -107,6 +107,10 @@ pub fn spin_here() -> Duration {
 
 /// [`block_on`] with a spin of `spin` (zero: park at once).
 pub fn block_on_spinning<F: Future>(future: F, spin: Duration) -> F::Output {
+    // On a completion thread, our futures then refuse to be waited for
+    // (they would wait for this very thread) instead of hanging it.
+    #[cfg(not(loom))]
+    let _blocking = crate::completion::BlockingHere::enter();
     let signal = Arc::new(Signal {
         state: AtomicU8::new(IDLE),
         thread: thread::current(),

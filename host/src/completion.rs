@@ -205,6 +205,9 @@ pub struct Wait {
 impl Future for Wait {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if !self.c.is_done() && blocking_on_completion_thread() {
+            return Poll::Ready(Err(refused_wait("an event")));
+        }
         self.c.poll_done(cx)
     }
 }
@@ -231,6 +234,50 @@ pub(crate) fn mark_completion_thread() {
 /// Whether the calling thread is a completion source's thread.
 pub(crate) fn on_completion_thread() -> bool {
     ON_COMPLETION_THREAD.with(|w| w.get())
+}
+
+thread_local! {
+    /// Set while [`crate::block_on`] runs on a completion thread.
+    static BLOCKING_ON_COMPLETION_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as blocking in `host::block_on` while the guard
+/// lives, if it is a completion thread; restores the mark on drop.
+pub(crate) struct BlockingHere(Option<bool>);
+
+impl BlockingHere {
+    pub(crate) fn enter() -> BlockingHere {
+        if !on_completion_thread() {
+            return BlockingHere(None);
+        }
+        BlockingHere(Some(
+            BLOCKING_ON_COMPLETION_THREAD.with(|b| b.replace(true)),
+        ))
+    }
+}
+
+impl Drop for BlockingHere {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            BLOCKING_ON_COMPLETION_THREAD.with(|b| b.set(before));
+        }
+    }
+}
+
+/// Whether a pending future of ours polled now is being blocked on by
+/// `host::block_on` on a completion thread: its wake could only come from
+/// this thread, so it would never come. (A poll from any other executor,
+/// even on a completion thread, is an ordinary poll.)
+pub(crate) fn blocking_on_completion_thread() -> bool {
+    BLOCKING_ON_COMPLETION_THREAD.with(|b| b.get())
+}
+
+/// The error of a wait refused by [`blocking_on_completion_thread`].
+pub(crate) fn refused_wait(what: &str) -> crate::error::Error {
+    crate::error::Error::Internal(format!(
+        "{what} awaited with host::block_on on one of the library's completion threads (in the \
+         Drop of a cancelled job's bundle?) would wait for itself"
+    ))
 }
 
 /// Refuses a blocking wait on a completion thread: the thread would wait for

@@ -304,7 +304,17 @@ impl Backend for CpuBackend {
                 crate::completion::mark_completion_thread();
                 let mut failed: Option<Error> = None;
                 while let Ok(task) = rx.recv() {
-                    task(&shared, &mut failed);
+                    // A panic in the library's own task (none is expected)
+                    // fails the stream's later work instead of ending the
+                    // worker, whose queue holds later points to complete.
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        task(&shared, &mut failed)
+                    }));
+                    if ran.is_err() {
+                        failed.get_or_insert(Error::Internal(
+                            "a CPU emulation stream task panicked".into(),
+                        ));
+                    }
                 }
                 // The stream was dropped (the only sender went) and its
                 // queue has run.

@@ -982,11 +982,12 @@ impl<B: Send + 'static, R> Job<B, R> {
         }
     }
 
-    /// An unfinished job awaited on a completion thread (an executor run in
-    /// the `Drop` of a cancelled job's bundle): that thread may be the one
-    /// that completes it, so waiting could wait for ever. It resolves to
-    /// [`Error::Internal`] at once instead; its bundle is released when its
-    /// work is done, as a dropped job's is (`bundle: None`).
+    /// An unfinished job blocked on by `host::block_on` on a completion
+    /// thread (in the `Drop` of a cancelled job's bundle): that thread may be
+    /// the one that completes it, so waiting could wait for ever. It resolves
+    /// to [`Error::Internal`] at once instead; its bundle is released when
+    /// its work is done, as a dropped job's is (`bundle: None`). An ordinary
+    /// poll there (an executor that polls in `wake`) is not refused.
     fn refuse_on_completion_thread(&mut self) -> JobError<B> {
         if let JobState::Pending {
             completion,
@@ -998,11 +999,8 @@ impl<B: Send + 'static, R> Job<B, R> {
             completion.defer(move || drop((bundle, keep)));
         }
         JobError {
-            error: Error::Internal(
-                "a job awaited on one of the library's completion threads (in the Drop of a \
-                 cancelled job's bundle) would wait for itself; its buffers are released when \
-                 its work is done"
-                    .into(),
+            error: crate::completion::refused_wait(
+                "a job (its buffers are released when its work is done)",
             ),
             bundle: None,
         }
@@ -1024,7 +1022,7 @@ impl<B: Send + 'static, R> Future for Job<B, R> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let JobState::Pending { completion, .. } = &self.state {
-            if !completion.is_done() && crate::completion::on_completion_thread() {
+            if !completion.is_done() && crate::completion::blocking_on_completion_thread() {
                 return Poll::Ready(Err(self.refuse_on_completion_thread()));
             }
             if completion.poll_done(cx).is_pending() {

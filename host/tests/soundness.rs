@@ -534,10 +534,16 @@ struct AwaitsOnDrop {
 
 impl Drop for AwaitsOnDrop {
     fn drop(&mut self) {
-        let r = host::block_on(self.stream.run((), |_, _| Ok(())))
+        let job = host::block_on(self.stream.run((), |_, _| Ok(())))
             .map(drop)
             .map_err(host::Error::from);
-        *self.seen.lock().unwrap() = Some(r);
+        let event = self
+            .stream
+            .record()
+            .and_then(|ev| host::block_on(ev.wait()));
+        // Both refused; the job's error is the one kept.
+        assert!(matches!(event, Err(Error::Internal(_))), "{event:?}");
+        *self.seen.lock().unwrap() = Some(job);
     }
 }
 
@@ -750,4 +756,67 @@ fn a_launch_past_the_gpus_limits_is_refused_on_every_backend(device: host::Devic
         block: LaunchConfig::MAX_BLOCK,
     };
     block_on(stream.run(dev, |c, d| c.launch(&scale, ok, (d.view_mut(), 2.0f32)))).unwrap();
+}
+
+host::backend_tests!(a_job_polled_by_an_executor_that_polls_in_wake_completes_with_its_buffers);
+fn a_job_polled_by_an_executor_that_polls_in_wake_completes_with_its_buffers(device: host::Device) {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll, Wake, Waker};
+    // An executor whose `wake` polls the task at once, on the waking
+    // thread (the Waker contract allows it): the second job is polled on
+    // the first job's completion thread while it is still pending.
+    type Boxed = Pin<Box<dyn Future<Output = ()> + Send>>;
+    struct Task(Mutex<Option<Boxed>>);
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            poll_task(&self)
+        }
+    }
+    fn poll_task(t: &Arc<Task>) {
+        let mut slot = t.0.lock().unwrap();
+        if let Some(mut f) = slot.take() {
+            let waker = Waker::from(t.clone());
+            if f.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+            {
+                *slot = Some(f);
+            }
+        }
+    }
+    let _serial = serial();
+    let (s1, s2) = (Stream::new(&device).unwrap(), Stream::new(&device).unwrap());
+    let n = 1 << 18;
+    let data = random(n, 11);
+    let h1 = PinnedBuffer::from_slice(&device, &data).unwrap();
+    let h2 = PinnedBuffer::from_slice(&device, &data).unwrap();
+    let out = PinnedBuffer::<f32>::new(&device, n).unwrap();
+    let d1 = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let d2 = DeviceBuffer::<f32>::new(&device, n).unwrap();
+    let job1 = s1.run((h1, d1), |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()));
+    let job2 = s2.run((h2, d2, out), |c, (h, d, o)| {
+        let d = d.view_mut();
+        c.copy_h2d(h.host(), d)?;
+        c.kernel(Kernel::Intensity { k: 300 }, d)?;
+        c.copy_d2h(d, o.host_mut())
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let task = Arc::new(Task(Mutex::new(Some(Box::pin(async move {
+        let first = job1.await.map(drop).map_err(host::Error::from);
+        let second = job2.await;
+        let _ = tx.send((first, second.map(|((_, _, o), ())| o).map_err(|e| e.error)));
+    })))));
+    poll_task(&task);
+    let (first, second) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the task finished");
+    first.unwrap();
+    let out = second.expect("the second job hands its buffers back");
+    let k = Kernel::Intensity { k: 300 };
+    for (got, x) in out.as_slice().iter().zip(&data) {
+        assert_eq!(got.to_bits(), k.reference(*x).to_bits());
+    }
+    device.synchronize().unwrap();
 }

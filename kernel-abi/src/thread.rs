@@ -167,9 +167,15 @@ pub fn emulate(
         run();
     } else {
         std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(run);
+            // Helpers as many as the system gives (a refused thread is no
+            // failure: the blocks are shared by whoever runs), and this
+            // thread runs blocks too.
+            for _ in 1..workers {
+                if std::thread::Builder::new().spawn_scoped(s, run).is_err() {
+                    break;
+                }
             }
+            run();
         });
     }
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
