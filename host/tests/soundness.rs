@@ -763,7 +763,7 @@ fn a_job_polled_by_an_executor_that_polls_in_wake_completes_with_its_buffers(dev
     use std::future::Future;
     use std::pin::Pin;
     use std::sync::Mutex;
-    use std::task::{Context, Poll, Wake, Waker};
+    use std::task::{Context, Wake, Waker};
     // An executor whose `wake` polls the task at once, on the waking
     // thread (the Waker contract allows it): the second job is polled on
     // the first job's completion thread while it is still pending.
