@@ -7,6 +7,7 @@
 
 use crate::completion::Completion;
 use crate::error::Result;
+pub(crate) use crate::fork::Generation;
 use crate::kernel::RawLaunch;
 use std::any::Any;
 use std::sync::Arc;
@@ -82,51 +83,6 @@ pub struct DeviceInfo {
     /// Device memory is stream-ordered ([`crate::DeviceMemory`]); false on
     /// the CPU emulation, whose frees never wait.
     pub stream_ordered_memory: bool,
-}
-
-/// How many times this process is a `fork()` child of the one before (0 in
-/// the process that started): counted by a `pthread_atfork` child handler,
-/// so telling a stream of the parent costs an atomic load, not a `getpid`.
-static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-extern "C" fn count_fork() {
-    FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The process generation a stream or device is made in: after `fork()`
-/// the child has none of the parent's threads (stream workers, watchers),
-/// and the CUDA driver does not survive into it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Generation(u32);
-
-impl Generation {
-    /// This process's.
-    pub fn now() -> Generation {
-        static HANDLER: std::sync::Once = std::sync::Once::new();
-        HANDLER.call_once(|| {
-            // SAFETY: registers a child handler that only bumps an atomic
-            // (async-signal-safe); no prepare or parent handler.
-            unsafe { libc::pthread_atfork(None, None, Some(count_fork)) };
-        });
-        Generation(FORKS.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// Whether the calling process is the one this was made in.
-    pub fn is_current(&self) -> bool {
-        *self == Generation::now()
-    }
-
-    /// `InvalidArgument` in a `fork()` child.
-    pub fn check(&self, what: &str) -> crate::Result<()> {
-        if self.is_current() {
-            return Ok(());
-        }
-        Err(crate::Error::InvalidArgument(format!(
-            "{what} of the parent process: after fork() the child has none of its threads (and \
-             the CUDA driver does not survive fork); make new streams (on the CPU emulation) or \
-             a new process"
-        )))
-    }
 }
 
 /// The completion threads of dropped streams still finishing their queues.

@@ -54,6 +54,8 @@ struct Inner {
     /// Set once `state.result` is; lets the fast path skip the lock.
     done: AtomicBool,
     state: Mutex<State>,
+    /// The process it was made in: in a `fork()` child nothing completes it.
+    generation: crate::fork::Generation,
 }
 
 /// Locks the state, ignoring poisoning (no code path panics holding it).
@@ -88,6 +90,7 @@ impl Completion {
             inner: Arc::new(Inner {
                 done: AtomicBool::new(false),
                 state: Mutex::new(State::default()),
+                generation: crate::fork::Generation::now(),
             }),
         }
     }
@@ -145,6 +148,20 @@ impl Completion {
         action();
     }
 
+    /// Whether waiting for it here could never end: it is pending and this
+    /// is a `fork()` child of the process that made it (nothing will
+    /// complete it), or `host::block_on` blocks on it on a completion thread.
+    /// The error to resolve to instead.
+    pub(crate) fn refuse_wait(&self, what: &str) -> Option<crate::error::Error> {
+        if self.is_done() {
+            return None;
+        }
+        if !self.inner.generation.is_current() {
+            return self.inner.generation.check(what).err();
+        }
+        blocking_on_completion_thread().then(|| refused_wait(what))
+    }
+
     /// Polls for completion, registering `cx`'s waker if still pending.
     pub fn poll_done(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let mut s = locked(&self.inner.state);
@@ -181,6 +198,9 @@ impl Completion {
                 self.0.unpark();
             }
         }
+        if !self.is_done() && !self.inner.generation.is_current() {
+            return self.inner.generation.check("work");
+        }
         let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         loop {
@@ -205,8 +225,8 @@ pub struct Wait {
 impl Future for Wait {
     type Output = Result<()>;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        if !self.c.is_done() && blocking_on_completion_thread() {
-            return Poll::Ready(Err(refused_wait("an event")));
+        if let Some(e) = self.c.refuse_wait("an event") {
+            return Poll::Ready(Err(e));
         }
         self.c.poll_done(cx)
     }

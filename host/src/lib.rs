@@ -43,6 +43,7 @@ mod cpu;
 mod cuda;
 mod device;
 mod error;
+mod fork;
 pub mod guarantees;
 pub mod interop;
 mod kernel;

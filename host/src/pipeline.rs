@@ -137,6 +137,17 @@ impl Plan {
         Plan::engines(k, 4)
     }
 
+    /// [`Plan::auto`] fitted to a pipeline of `streams` streams: the engines
+    /// layout needs three; with fewer, the same chunks go round robin over
+    /// the streams there are.
+    pub fn auto_for(n: usize, streams: usize) -> Plan {
+        let plan = Plan::auto(n);
+        match plan.layout {
+            Layout::Engines { .. } if streams < 3 => Plan::uniform(plan.chunks, streams.max(1)),
+            _ => plan,
+        }
+    }
+
     /// `chunks` equal chunks dealt round robin over `streams` streams.
     pub fn uniform(chunks: usize, streams: usize) -> Plan {
         Plan {

@@ -982,13 +982,15 @@ impl<B: Send + 'static, R> Job<B, R> {
         }
     }
 
-    /// An unfinished job blocked on by `host::block_on` on a completion
-    /// thread (in the `Drop` of a cancelled job's bundle): that thread may be
-    /// the one that completes it, so waiting could wait for ever. It resolves
-    /// to [`Error::Internal`] at once instead; its bundle is released when
-    /// its work is done, as a dropped job's is (`bundle: None`). An ordinary
-    /// poll there (an executor that polls in `wake`) is not refused.
-    fn refuse_on_completion_thread(&mut self) -> JobError<B> {
+    /// An unfinished job that can't be waited for here: blocked on by
+    /// `host::block_on` on a completion thread (in the `Drop` of a cancelled
+    /// job's bundle: that thread may be the one that completes it), or in a
+    /// `fork()` child of the process that made it (nothing completes it
+    /// there). It resolves to `error` at once instead of waiting for ever;
+    /// its bundle is released when its work is done, as a dropped job's is
+    /// (`bundle: None`). An ordinary poll on a completion thread (an executor
+    /// that polls in `wake`) is not refused.
+    fn refuse(&mut self, error: Error) -> JobError<B> {
         if let JobState::Pending {
             completion,
             bundle,
@@ -999,9 +1001,7 @@ impl<B: Send + 'static, R> Job<B, R> {
             completion.defer(move || drop((bundle, keep)));
         }
         JobError {
-            error: crate::completion::refused_wait(
-                "a job (its buffers are released when its work is done)",
-            ),
+            error,
             bundle: None,
         }
     }
@@ -1022,8 +1022,10 @@ impl<B: Send + 'static, R> Future for Job<B, R> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let JobState::Pending { completion, .. } = &self.state {
-            if !completion.is_done() && crate::completion::blocking_on_completion_thread() {
-                return Poll::Ready(Err(self.refuse_on_completion_thread()));
+            if let Some(e) =
+                completion.refuse_wait("a job (its buffers are released when its work is done)")
+            {
+                return Poll::Ready(Err(self.refuse(e)));
             }
             if completion.poll_done(cx).is_pending() {
                 return Poll::Pending;

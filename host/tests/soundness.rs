@@ -820,3 +820,27 @@ fn a_job_polled_by_an_executor_that_polls_in_wake_completes_with_its_buffers(dev
     }
     device.synchronize().unwrap();
 }
+
+#[test]
+fn the_automatic_plan_fits_a_pipeline_of_any_stream_count() {
+    let device = host::Device::cpu();
+    let n = 1 << 20;
+    let data = random(n, 5);
+    for streams in 1..=4 {
+        let pipe = Pipeline::new(&device, streams).unwrap();
+        let plan = Plan::auto_for(n, streams);
+        assert!(
+            plan.streams_used() <= streams,
+            "{plan} on {streams} streams"
+        );
+        let input = PinnedBuffer::from_slice(&device, &data).unwrap();
+        let output = PinnedBuffer::<f32>::new(&device, n).unwrap();
+        let ((_, output), _) =
+            block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, false)).unwrap();
+        assert!(output
+            .as_slice()
+            .iter()
+            .zip(&data)
+            .all(|(o, x)| *o == 2.0 * x));
+    }
+}

@@ -294,9 +294,10 @@ impl PinnedBuffer {
     }
 
     /// Checks that the buffer may be given to an operation, with its state
-    /// locked (`state`): ready, no live views, a pinned-in-place object
-    /// unreachable but through us (no other reference, no weak reference).
-    fn check_for_operation(&self, py: Python<'_>) -> PyResult<()> {
+    /// locked: ready, no live views, a pinned-in-place object unreachable but
+    /// through us (no other reference; `weak`: whether it has weak ones,
+    /// asked before the lock, since asking runs Python code).
+    fn check_for_operation(&self, py: Python<'_>, weak: bool) -> PyResult<()> {
         let views = self.exports.load(Ordering::SeqCst);
         if views > 0 {
             return Err(buffer_error(format!(
@@ -316,7 +317,7 @@ impl PinnedBuffer {
                      reach it through the PinnedBuffer (get_array(), unpin())"
                 )));
             }
-            if has_weak_references(o) {
+            if weak {
                 return Err(buffer_error(
                     "the array pinned in place has weak references: Python could reach it through \
                      them while the device uses it; drop them first",
@@ -329,8 +330,13 @@ impl PinnedBuffer {
     /// Moves the memory out for an operation (state: in-flight).
     pub(crate) fn take_for_operation(&self, py: Python<'_>) -> PyResult<HostMem> {
         self.check_origin(py)?;
+        // Python code (an import, a call) never runs under the state's lock.
+        let weak = self
+            .origin
+            .as_ref()
+            .is_some_and(|(o, ..)| has_weak_references(o.bind(py)));
         self.state
-            .take("the pinned buffer", |_| self.check_for_operation(py))
+            .take("the pinned buffer", |_| self.check_for_operation(py, weak))
     }
 
     /// Frees (or unpins) the buffer, saying `why` from then on; refused

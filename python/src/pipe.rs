@@ -39,11 +39,11 @@ fn kernel(name: &str, arg: Option<f64>) -> PyResult<Kernel> {
 /// `("engines", chunks, slots)`.
 fn plan(p: Option<&Bound<'_, PyAny>>, n: usize, streams: usize) -> PyResult<Plan> {
     let Some(p) = p.filter(|p| !p.is_none()) else {
-        return Ok(Plan::auto(n));
+        return Ok(Plan::auto_for(n, streams));
     };
     if let Ok(s) = p.extract::<String>() {
         if s == "auto" {
-            return Ok(Plan::auto(n));
+            return Ok(Plan::auto_for(n, streams));
         }
         return Err(PyValueError::new_err(format!("unknown plan {s:?}")));
     }

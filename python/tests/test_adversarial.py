@@ -321,3 +321,59 @@ def test_a_forked_child_gets_errors_from_the_parents_streams_not_a_hang(device, 
     err = os.read(r, 4096).decode()
     os.close(r)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, err)
+
+
+def test_no_python_code_runs_under_a_buffers_lock(device):
+    import builtins
+    s = gpufeed.Stream(device)
+    d = device.empty((1024,), "float32")
+    buf = gpufeed.pin(np.zeros(1024, np.float32), device)
+    seen = []
+    real = builtins.__import__
+
+    def traced(name, *a, **k):
+        seen.append(buf.state)  # would wait for the lock the caller holds
+        return real(name, *a, **k)
+
+    builtins.__import__ = traced
+    try:
+        for _ in range(5):
+            s.submit(("h2d", buf, d)).wait()
+    finally:
+        builtins.__import__ = real
+    assert buf.state == "ready"
+
+
+def test_the_default_plan_fits_a_pipeline_of_any_stream_count(device, alloc):
+    n = 1 << 20
+    x = alloc.alloc((n,), "float32")
+    x.get_array()[:] = np.arange(n, dtype=np.float32)
+    y = alloc.alloc((n,), "float32")
+    for streams in (1, 2, 3, 4):
+        info = gpufeed.Pipeline(device, streams=streams).run(x, y, kernel="scale", arg=2.0)
+        assert info["streams"] <= streams, info
+        assert (y.get_array() == x.get_array() * np.float32(2.0)).all()
+
+
+def test_a_forked_child_waiting_for_the_parents_operation_gets_an_error(device, alloc):
+    import os
+    if device.kind != "cpu":
+        pytest.skip("CUDA does not survive fork(); the CPU emulation's streams are checked")
+    n, k = _long_work(device)
+    d = device.empty((n,), "float32")
+    op = gpufeed.Stream(device).submit(("intensity", d, k))
+    pid = os.fork()
+    if pid == 0:
+        code = 5
+        try:
+            op.wait()
+            code = 3  # the parent's work completed in the child?
+        except gpufeed.InvalidArgumentError:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os._exit(code)
+    op.wait()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert d.state == "ready"
