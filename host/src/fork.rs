@@ -8,6 +8,7 @@
 /// so telling a stream of the parent costs an atomic load, not a `getpid`.
 static FORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+#[cfg_attr(miri, allow(dead_code))]
 extern "C" fn count_fork() {
     FORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
