@@ -218,3 +218,31 @@
 //! struct MyArrays(Vec<f32>);
 //! impl host::Arrays for MyArrays {}
 //! ```
+//!
+//! # 11. A batch takes write views of its own borrow of the bundle only
+//! A write view is `Copy` within its batch; were a view of a longer borrow
+//! (a leaked `&'static mut DeviceBuffer`'s) accepted, it could reach two
+//! batches on two streams, both writing the buffer at once.
+//! [`DeviceSliceMut`](crate::DeviceSliceMut) is invariant in its lifetime:
+//! a batch's commands take exactly the batch's own.
+//! ```compile_fail,E0521
+//! # use host::PinnedHost;
+//! # fn f(device: &host::Device, s1: &host::Stream) -> host::Result<()> {
+//! let leaked: &'static mut host::DeviceBuffer<u32> =
+//!     Box::leak(Box::new(host::DeviceBuffer::new(device, 1024)?));
+//! let view = leaked.view_mut();
+//! let ones = host::PinnedBuffer::<u32>::new(device, 1024)?;
+//! let job = s1.run(ones, move |c, h| c.copy_h2d(h.host(), view));
+//! # Ok(()) }
+//! ```
+//! The same for a batch of copies:
+//! ```compile_fail,E0521
+//! # use host::PinnedHost;
+//! # fn f(device: &host::Device, s1: &host::Stream) -> host::Result<()> {
+//! let leaked: &'static mut host::DeviceBuffer<u32> =
+//!     Box::leak(Box::new(host::DeviceBuffer::new(device, 1024)?));
+//! let view = leaked.view_mut();
+//! let ones = host::PinnedBuffer::<u32>::new(device, 1024)?;
+//! let job = s1.run(ones, move |c, h| c.copy_batch([host::Transfer::h2d(h.host(), view)]));
+//! # Ok(()) }
+//! ```

@@ -522,13 +522,21 @@ pub struct DeviceSlice<'a, T> {
 /// batch, because the commands of one batch run in stream order; commands
 /// that read and write two views check at run time that they don't
 /// partially overlap ([`Error::Overlap`]).
+///
+/// Invariant in `'a`: a batch takes only views of exactly its own borrow of
+/// the bundle. A view of a longer borrow (a leaked `&'static mut
+/// DeviceBuffer`'s) would otherwise pass for one, and, being `Copy`, reach
+/// two batches on two streams writing one buffer at once.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceSliceMut<'a, T> {
     pub(crate) addr: u64,
     pub(crate) len: usize,
     pub(crate) device_id: usize,
-    _p: PhantomData<&'a mut T>,
+    _p: PhantomData<Invariant<'a, T>>,
 }
+
+/// `&'a mut T` made invariant in `'a` (see [`DeviceSliceMut`]).
+type Invariant<'a, T> = (&'a mut T, fn(&'a ()));
 
 impl<'a, T> From<DeviceSliceMut<'a, T>> for DeviceSlice<'a, T> {
     fn from(v: DeviceSliceMut<'a, T>) -> Self {

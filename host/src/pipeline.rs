@@ -634,6 +634,25 @@ impl Placement<'_> {
     }
 }
 
+/// The lock of `m` if it can be had within `patience`, trying without
+/// blocking (yielding between tries).
+fn try_lock_for<T>(
+    m: &Mutex<T>,
+    patience: std::time::Duration,
+) -> Option<std::sync::MutexGuard<'_, T>> {
+    let start = std::time::Instant::now();
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if start.elapsed() < patience => {
+                std::thread::yield_now()
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 thread_local! {
     /// The pipelines (their state's address) whose stage runs on this thread.
     static IN_STAGE: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
@@ -935,7 +954,28 @@ impl Pipeline {
                 Some(bundle),
             );
         }
-        let mut guard = crate::completion::lock(&self.state);
+        let mut guard =
+            if IN_STAGE.with(|s| s.borrow().is_empty()) {
+                crate::completion::lock(&self.state)
+            } else {
+                // From another pipeline's stage, which holds that pipeline's
+                // lock: two pipelines whose stages start runs of each other
+                // would each wait for the other's lock for ever. Waited for a
+                // while (another run's enqueueing takes microseconds), then
+                // refused, never waited for without end.
+                match try_lock_for(&self.state, std::time::Duration::from_millis(20)) {
+                    Some(g) => g,
+                    None => return Job::failed(
+                        Error::InvalidArgument(
+                            "a pipeline stage started a run of another pipeline whose lock stayed \
+                             taken (its own stage may be starting a run of this one: the two \
+                             would wait for each other); start the run outside the stage"
+                                .into(),
+                        ),
+                        Some(bundle),
+                    ),
+                }
+            };
         let st = &mut *guard;
         let scratch = match self.scratch(st, slots, sizes, longest) {
             Ok(s) => s,

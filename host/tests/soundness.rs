@@ -844,3 +844,64 @@ fn the_automatic_plan_fits_a_pipeline_of_any_stream_count() {
             .all(|(o, x)| *o == 2.0 * x));
     }
 }
+
+host::backend_tests!(two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock);
+fn two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock(device: host::Device) {
+    use std::sync::Barrier;
+    let _serial = serial();
+    let p1 = Arc::new(Pipeline::new(&device, 2).unwrap());
+    let p2 = Arc::new(Pipeline::new(&device, 2).unwrap());
+    let barrier = Arc::new(Barrier::new(2));
+    let spawn = |mine: Arc<Pipeline>, other: Arc<Pipeline>, b: Arc<Barrier>| {
+        let device = device.clone();
+        std::thread::spawn(move || {
+            let data = random(1024, 3);
+            let input = PinnedBuffer::from_slice(&device, &data).unwrap();
+            let output = PinnedBuffer::<f32>::new(&device, 1024).unwrap();
+            let inner = Arc::new(std::sync::Mutex::new(None));
+            let seen = inner.clone();
+            let job = mine.run_stage(
+                (input,),
+                (output,),
+                Plan::uniform(1, 1),
+                false,
+                move |c, chunk| {
+                    // Both stages at once, each holding its own pipeline.
+                    b.wait();
+                    let a = PinnedBuffer::from_slice(c.device(), &[1.0f32, 2.0]).unwrap();
+                    let o = PinnedBuffer::<f32>::new(c.device(), 2).unwrap();
+                    let run = other.run(a, o, Kernel::Scale { s: 2.0 }, Plan::uniform(1, 1), false);
+                    *seen.lock().unwrap() = Some(run);
+                    c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
+                },
+            );
+            let ((_, (output,)), _) = block_on(job).unwrap();
+            assert_eq!(output.as_slice(), &data[..]);
+            // The inner run either ran or was refused with its buffers back.
+            let inner = inner.lock().unwrap().take().expect("the stage ran");
+            match block_on(inner) {
+                Ok(((_, o), _)) => assert_eq!(o.as_slice(), &[2.0, 4.0]),
+                Err(e) => {
+                    assert!(
+                        matches!(e.error, Error::InvalidArgument(_)),
+                        "{:?}",
+                        e.error
+                    );
+                    assert!(e.bundle.is_some());
+                }
+            }
+        })
+    };
+    let t1 = spawn(p1.clone(), p2.clone(), barrier.clone());
+    let t2 = spawn(p2, p1, barrier);
+    let t = Instant::now();
+    while !(t1.is_finished() && t2.is_finished()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the two pipelines deadlocked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t1.join().unwrap();
+    t2.join().unwrap();
+}
