@@ -113,7 +113,8 @@ impl DType {
     }
 
     /// From a name: NumPy's (`float32`, `f4`, `<f4`), PyTorch's
-    /// (`torch.float32`), the C-ish ones (`float`, `double`, `half`).
+    /// (`torch.float32`), the C-ish ones (`double`, `half`); `float` and
+    /// `int` (and the builtin types) are 64-bit, as NumPy reads them.
     pub fn parse(name: &str) -> Option<DType> {
         let n = name.trim();
         let n = n.strip_prefix("torch.").unwrap_or(n);
@@ -123,14 +124,16 @@ impl DType {
             .unwrap_or(n);
         let n = n.trim_start_matches(['<', '=', '|']);
         Some(match n {
-            "float32" | "f4" | "f" | "float" => DType::F32,
-            "float64" | "f8" | "d" | "double" => DType::F64,
+            // "float" and "int" (and the builtin types, by their names) as
+            // NumPy reads them: 64 bits, never narrowed.
+            "float32" | "f4" | "f" => DType::F32,
+            "float64" | "f8" | "d" | "double" | "float" => DType::F64,
             "float16" | "f2" | "e" | "half" => DType::F16,
             "bfloat16" => DType::BF16,
             "int8" | "i1" | "b" => DType::I8,
             "int16" | "i2" | "h" | "short" => DType::I16,
-            "int32" | "i4" | "i" | "int" => DType::I32,
-            "int64" | "i8" | "q" | "long" | "l" => DType::I64,
+            "int32" | "i4" | "i" => DType::I32,
+            "int64" | "i8" | "q" | "long" | "l" | "int" => DType::I64,
             "uint8" | "u1" | "B" => DType::U8,
             "uint16" | "u2" | "H" => DType::U16,
             "uint32" | "u4" | "I" => DType::U32,

@@ -377,3 +377,14 @@ def test_a_forked_child_waiting_for_the_parents_operation_gets_an_error(device, 
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert d.state == "ready"
+
+
+def test_float_and_int_are_64_bit_as_numpy_reads_them(device, alloc):
+    for dt, want in [(float, "float64"), ("float", "float64"), (int, "int64"), ("int", "int64")]:
+        b = alloc.alloc(3, dt)
+        assert b.dtype == want == np.dtype(dt).name, (dt, b.dtype)
+        a = np.asarray(b)
+        a[:] = np.array([1 / 3, 2**40 + 1, 16777217], dtype=np.dtype(dt))
+        assert a.tolist() == np.array([1 / 3, 2**40 + 1, 16777217], dtype=np.dtype(dt)).tolist()
+        del a
+        assert device.empty(3, dt).dtype == want
