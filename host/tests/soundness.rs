@@ -905,3 +905,33 @@ fn two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock(device: h
     t1.join().unwrap();
     t2.join().unwrap();
 }
+
+mod past_the_end {
+    host::kernel_abi::kernels! {
+        /// Writes element `global_id` of `y`: past its end for threads beyond it.
+        pub unsafe fn write_past(y: host::kernel_abi::SliceMut<u32>) {
+            // SAFETY: broken on purpose for threads past `y.len()`: the CPU
+            // emulation checks every index and breaks the context.
+            unsafe { y.write(host::kernel_abi::thread::global_id(), 7) }
+        }
+    }
+}
+
+#[test]
+fn an_out_of_bounds_kernel_write_breaks_the_emulated_context_in_every_build() {
+    let device = host::Device::cpu();
+    let stream = Stream::new(&device).unwrap();
+    // SAFETY: on the CPU emulation no PTX is loaded; the declaration's own
+    // host body runs.
+    let m = unsafe { host::Module::from_ptx(&device, "") }.unwrap();
+    let f = m.function::<past_the_end::write_past>().unwrap();
+    let y = DeviceBuffer::<u32>::new(&device, 4).unwrap();
+    let cfg = host::LaunchConfig { grid: 1, block: 64 };
+    let r = block_on(stream.run(y, |c, y| c.launch(&f, cfg, (y.view_mut(),))));
+    let e = r.expect_err("an out-of-bounds write is a fault");
+    assert!(matches!(e.error, Error::ContextBroken(_)), "{:?}", e.error);
+    assert!(
+        e.bundle.is_some(),
+        "a broken context hands the buffers back"
+    );
+}

@@ -94,10 +94,23 @@ impl<T> Slice<T> {
     where
         T: Copy,
     {
-        debug_assert!(i < self.len);
+        check_index(i, self.len);
         // SAFETY: the caller's contract and `from_raw_parts`'.
         unsafe { self.ptr.add(i).read() }
     }
+}
+
+/// An index past a slice's end: a trap on the CPU emulation always (it
+/// breaks the emulated context, `Error::ContextBroken`, as a GPU fault
+/// would), so a kernel's out-of-bounds access shows in its CPU tests; on the
+/// GPU only in debug builds (the caller's contract, unchecked for speed).
+#[inline(always)]
+#[track_caller]
+fn check_index(i: usize, len: usize) {
+    #[cfg(not(target_arch = "nvptx64"))]
+    assert!(i < len, "index {i} out of bounds of a slice of {len}");
+    #[cfg(target_arch = "nvptx64")]
+    debug_assert!(i < len);
 }
 
 impl<T> SliceMut<T> {
@@ -137,7 +150,7 @@ impl<T> SliceMut<T> {
     where
         T: Copy,
     {
-        debug_assert!(i < self.len);
+        check_index(i, self.len);
         // SAFETY: the caller's contract and `from_raw_parts`'.
         unsafe { self.ptr.add(i).read() }
     }
@@ -147,7 +160,7 @@ impl<T> SliceMut<T> {
     /// `i < len`, and no other thread reads or writes element `i` meanwhile.
     #[inline(always)]
     pub unsafe fn write(&self, i: usize, v: T) {
-        debug_assert!(i < self.len);
+        check_index(i, self.len);
         // SAFETY: the caller's contract and `from_raw_parts`'.
         unsafe { self.ptr.add(i).write(v) }
     }
