@@ -329,12 +329,15 @@ impl PinnedBuffer {
 
     /// Moves the memory out for an operation (state: in-flight).
     pub(crate) fn take_for_operation(&self, py: Python<'_>) -> PyResult<HostMem> {
-        self.check_origin(py)?;
-        // Python code (an import, a call) never runs under the state's lock.
+        // First what calls into Python (a call can run any code: the
+        // garbage collector's finalizers too, which could replace the
+        // array's memory), then the memory check and the take, between
+        // which nothing runs Python code; none runs under the state's lock.
         let weak = self
             .origin
             .as_ref()
             .is_some_and(|(o, ..)| has_weak_references(o.bind(py)));
+        self.check_origin(py)?;
         self.state
             .take("the pinned buffer", |_| self.check_for_operation(py, weak))
     }
@@ -418,11 +421,41 @@ impl PinnedBuffer {
 
 /// Whether `obj` has weak references (`weakref.ref(obj)` alive somewhere).
 fn has_weak_references(obj: &Bound<'_, PyAny>) -> bool {
-    obj.py()
-        .import("weakref")
-        .and_then(|w| w.call_method1("getweakrefcount", (obj,)))
+    Taken::get(obj.py())
+        .and_then(|t| t.getweakrefcount.bind(obj.py()).call1((obj,)))
         .and_then(|n| n.extract::<usize>())
         .map_or(true, |n| n > 0)
+}
+
+/// What `pin()` and the operation checks use from Python, taken once, when
+/// the module loads: rebinding `numpy.ndarray` or `weakref.getweakrefcount`
+/// later changes nothing.
+pub(crate) struct Taken {
+    ndarray: Py<PyAny>,
+    ndarray_flags: Py<PyAny>,
+    ndarray_base: Py<PyAny>,
+    bytearray: Py<PyAny>,
+    array: Py<PyAny>,
+    getweakrefcount: Py<PyAny>,
+}
+
+static TAKEN: pyo3::sync::PyOnceLock<Taken> = pyo3::sync::PyOnceLock::new();
+
+impl Taken {
+    /// Taken now (the module's init calls it), or the earlier take.
+    pub(crate) fn get(py: Python<'_>) -> PyResult<&'static Taken> {
+        TAKEN.get_or_try_init(py, || {
+            let ndarray = py.import("numpy")?.getattr("ndarray")?;
+            Ok(Taken {
+                ndarray_flags: ndarray.getattr("flags")?.unbind(),
+                ndarray_base: ndarray.getattr("base")?.unbind(),
+                ndarray: ndarray.unbind(),
+                bytearray: py.import("builtins")?.getattr("bytearray")?.unbind(),
+                array: py.import("array")?.getattr("array")?.unbind(),
+                getweakrefcount: py.import("_weakref")?.getattr("getweakrefcount")?.unbind(),
+            })
+        })
+    }
 }
 
 #[pymethods]
@@ -843,14 +876,19 @@ pub fn pin(
 /// belongs to (`base`), or export another object's memory (`__buffer__`).
 fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     let ty = obj.get_type();
-    let ndarray = py.import("numpy")?.getattr("ndarray")?;
-    if ty.is(&ndarray) {
-        let owns = ndarray
-            .getattr("flags")?
+    let taken = Taken::get(py)?;
+    let ndarray = taken.ndarray.bind(py);
+    if ty.is(ndarray) {
+        let owns = taken
+            .ndarray_flags
+            .bind(py)
             .call_method1("__get__", (obj,))?
             .getattr("owndata")?
             .extract::<bool>()?;
-        let base = ndarray.getattr("base")?.call_method1("__get__", (obj,))?;
+        let base = taken
+            .ndarray_base
+            .bind(py)
+            .call_method1("__get__", (obj,))?;
         if !owns || !base.is_none() {
             return Err(buffer_error(
                 "pin() of a view of another array: pin the array that owns the memory (the \
@@ -861,12 +899,10 @@ fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     }
     // Not mmap.mmap: a file's pages are reachable through another mapping
     // of it, or plain file I/O, while the device uses them.
-    for (module, name) in [("builtins", "bytearray"), ("array", "array")] {
-        if ty.is(&py.import(module)?.getattr(name)?) {
-            return Ok(());
-        }
+    if ty.is(taken.bytearray.bind(py)) || ty.is(taken.array.bind(py)) {
+        return Ok(());
     }
-    if obj.is_instance(&ndarray)? {
+    if obj.is_instance(ndarray)? {
         return Err(buffer_error(format!(
             "pin() of a subclass of numpy.ndarray ({}): pin a plain ndarray (np.asarray(x) if \
              it owns its data): a subclass can hide whose memory it is",

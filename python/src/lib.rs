@@ -157,6 +157,7 @@ pub fn buffer_error(msg: impl Into<String>) -> PyErr {
 fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    alloc::Taken::get(py)?;
     m.add("GpuFeedError", py.get_type::<GpuFeedError>())?;
     m.add("DriverError", py.get_type::<DriverError>())?;
     m.add("ContextBrokenError", py.get_type::<ContextBrokenError>())?;

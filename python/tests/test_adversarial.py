@@ -388,3 +388,80 @@ def test_float_and_int_are_64_bit_as_numpy_reads_them(device, alloc):
         assert a.tolist() == np.array([1 / 3, 2**40 + 1, 16777217], dtype=np.dtype(dt)).tolist()
         del a
         assert device.empty(3, dt).dtype == want
+
+
+def test_a_finalizer_that_replaces_a_pinned_arrays_memory_mid_submit_is_caught(device):
+    # The garbage collector can run finalizers inside any call into Python
+    # the library makes while checking a buffer; the memory check comes
+    # after every such call, so a finalizer that frees the pinned memory
+    # there is seen and the operation refused, never run on freed memory.
+    s = gpufeed.Stream(device)
+    n = 4096
+    d = device.empty((n,), "float32")
+    d.upload(np.full(n, 7, np.float32))
+    fired = []
+
+    class Bomb:
+        def __init__(self, arr):
+            self.arr, self.me = arr, self  # a reference cycle
+
+        def __del__(self):
+            self.arr.resize((1,), refcheck=False)  # frees the pinned memory
+            fired.append(1)
+            self.arr = None
+
+    old = gc.get_threshold()
+    try:
+        for k in range(1, 40):
+            x = np.ones(n, np.float32)
+            buf = gpufeed.pin(x, device)
+            gc.collect()
+            gc.set_threshold(k)
+            Bomb(x)
+            del x
+            fired.clear()
+            try:
+                op = s.submit(("d2h", d, buf))
+            except BufferError:
+                continue  # seen: refused
+            finally:
+                gc.set_threshold(*old)
+            op.wait()
+            # Accepted: then the memory was still the array's when it was taken.
+            assert not fired, f"threshold {k}: the finalizer freed the memory, yet it ran"
+            gc.collect()
+    finally:
+        gc.set_threshold(*old)
+
+
+def test_rebinding_numpy_or_weakref_later_changes_no_check(device):
+    import weakref
+    real_ndarray, real_count = np.ndarray, weakref.getweakrefcount
+    owner = np.zeros(64, np.float32)
+
+    class Sub(np.ndarray):
+        pass
+
+    np.ndarray = Sub
+    try:
+        with pytest.raises(BufferError):
+            gpufeed.pin(owner[:].view(Sub), device)
+    finally:
+        np.ndarray = real_ndarray
+    keep = []
+    x = np.zeros(64, np.float32)
+    pb = gpufeed.pin(x, device)
+
+    def sneaky(o):
+        keep.append(weakref.ref(o))
+        return real_count(o)
+
+    weakref.getweakrefcount = sneaky
+    try:
+        s = gpufeed.Stream(device)
+        d = device.empty((64,), "float32")
+        del x
+        s.copy_d2h(d, pb).wait()  # the library's own count, not the rebound one
+        assert not keep
+    finally:
+        weakref.getweakrefcount = real_count
