@@ -436,6 +436,8 @@ pub(crate) struct Taken {
     ndarray_base: Py<PyAny>,
     bytearray: Py<PyAny>,
     array: Py<PyAny>,
+    memoryview: Py<PyAny>,
+    pickle_buffer: Py<PyAny>,
     getweakrefcount: Py<PyAny>,
 }
 
@@ -452,6 +454,8 @@ impl Taken {
                 ndarray: ndarray.unbind(),
                 bytearray: py.import("builtins")?.getattr("bytearray")?.unbind(),
                 array: py.import("array")?.getattr("array")?.unbind(),
+                memoryview: py.import("builtins")?.getattr("memoryview")?.unbind(),
+                pickle_buffer: py.import("pickle")?.getattr("PickleBuffer")?.unbind(),
                 getweakrefcount: py.import("_weakref")?.getattr("getweakrefcount")?.unbind(),
             })
         })
@@ -921,15 +925,14 @@ pub(crate) fn pin_on(
     obj: &Bound<'_, PyAny>,
     device: &host::Device,
 ) -> PyResult<PinnedBuffer> {
-    let builtins = py.import("builtins")?;
-    let memoryview = builtins.getattr("memoryview")?;
-    if obj.is_instance(&memoryview)? {
+    let taken = Taken::get(py)?;
+    let memoryview = taken.memoryview.bind(py);
+    if obj.is_instance(memoryview)? {
         return Err(buffer_error(
             "pin() of a memoryview: pin the object it views (its owner could free the memory)",
         ));
     }
-    let pickle_buffer = py.import("pickle")?.getattr("PickleBuffer")?;
-    if obj.is_instance(&pickle_buffer)? {
+    if obj.is_instance(taken.pickle_buffer.bind(py))? {
         return Err(buffer_error(
             "pin() of a pickle.PickleBuffer: pin the object it wraps (it stays reachable, and its \
              owner could free the memory)",
@@ -972,6 +975,19 @@ pub(crate) fn pin_on(
     drop(mv);
     let export = Export::get(obj)?;
     let (ptr, len) = (export.get().ptr(), export.get().len());
+    // Python code may have run since the ownership check (the inspection
+    // allocates, and the garbage collector's finalizers run then: one could
+    // make the array a view of another object). Checked again now that the
+    // export holds the memory, then the memory the object exports compared
+    // with the export's, with nothing Python in between; later changes show
+    // at every use (`check_origin`).
+    check_pinnable(py, obj)?;
+    let same = ContiguousView::get(obj, true).map(|v| v.ptr as usize == ptr && v.len == len)?;
+    if !same {
+        return Err(buffer_error(
+            "the object's memory changed while it was being pinned (a finalizer?): pin it again",
+        ));
+    }
     if len != nbytes(&shape, dtype)? {
         return Err(buffer_error("the buffer's length does not match its shape"));
     }

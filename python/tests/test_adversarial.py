@@ -465,3 +465,45 @@ def test_rebinding_numpy_or_weakref_later_changes_no_check(device):
         assert not keep
     finally:
         weakref.getweakrefcount = real_count
+
+
+def test_a_finalizer_that_makes_the_array_a_view_of_bytes_mid_pin_is_caught(device):
+    # A finalizer run by the garbage collector inside pin() turns the array
+    # into a view of a bytes object the user keeps: the pin, or the first
+    # operation, must refuse it; the device never writes the bytes.
+    n = 4096
+    b = bytes(n)
+    s = gpufeed.Stream(device)
+    d = device.empty((n,), "uint8")
+    d.upload(np.full(n, 0xAB, np.uint8))
+    box = []
+
+    class G:
+        def __del__(self):
+            if box:
+                box.pop().__setstate__((1, (n,), np.dtype(np.uint8), False, b))
+
+    old = gc.get_threshold()
+    try:
+        for off in range(0, 6):
+            x = np.zeros(n, np.uint8)
+            box[:] = [x]
+            g = G()
+            g.cycle = g
+            del g
+            gc.set_threshold(gc.get_count()[0] + off)
+            try:
+                buf = gpufeed.pin(x, device)
+            except BufferError:
+                continue
+            finally:
+                gc.set_threshold(*old)
+                gc.collect()
+            del x
+            try:
+                s.submit(("d2h", d, buf)).wait()
+            except BufferError:
+                pass
+            assert b == bytes(n), f"offset {off}: the device wrote an immutable bytes object"
+    finally:
+        gc.set_threshold(*old)
