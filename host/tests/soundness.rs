@@ -547,6 +547,31 @@ impl Drop for AwaitsOnDrop {
     }
 }
 
+/// Runs a kernel job over `bundle`'s buffer while `stream` is held by a
+/// GPU-side gate, drops the job (so the completion source drops the bundle,
+/// on its own thread), opens the gate, synchronizes, and returns what the
+/// bundle's `Drop` recorded in `seen`.
+fn dropped_on_the_completion_thread<B: Send + 'static>(
+    device: &host::Device,
+    stream: &Stream,
+    bundle: B,
+    seen: &Seen,
+    dev: fn(&mut B) -> &mut DeviceBuffer<f32>,
+) -> Option<host::Result<()>> {
+    let gate = hold(stream, device);
+    let _watchdog = watchdog(&gate);
+    drop(stream.run(bundle, move |c, b| {
+        c.kernel(Kernel::Scale { s: 2.0 }, dev(b).view_mut())
+    }));
+    gate.set(1);
+    device.synchronize().unwrap();
+    let r = seen.lock().unwrap().take();
+    r
+}
+
+/// What a bundle's `Drop` saw.
+type Seen = Arc<std::sync::Mutex<Option<host::Result<()>>>>;
+
 host::backend_tests!(
     a_bundle_that_awaits_a_job_in_its_drop_on_a_completion_thread_gets_an_error_not_a_hang
 );
@@ -555,21 +580,13 @@ fn a_bundle_that_awaits_a_job_in_its_drop_on_a_completion_thread_gets_an_error_n
 ) {
     let _serial = serial();
     let stream = Stream::new(&device).unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(None));
-    let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
-    let gate = hold(&stream, &device);
-    let _watchdog = watchdog(&gate);
+    let seen = Seen::default();
     let bundle = AwaitsOnDrop {
         stream: stream.clone(),
         seen: seen.clone(),
-        _dev: dev,
+        _dev: DeviceBuffer::<f32>::new(&device, 1024).unwrap(),
     };
-    drop(stream.run(bundle, |c, b| {
-        c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
-    }));
-    gate.set(1);
-    device.synchronize().unwrap();
-    let seen = seen.lock().unwrap().take();
+    let seen = dropped_on_the_completion_thread(&device, &stream, bundle, &seen, |b| &mut b._dev);
     assert!(
         matches!(seen, Some(Err(Error::Internal(_)))),
         "{}: {seen:?}",
@@ -587,22 +604,13 @@ fn a_bundle_that_blocks_in_its_drop_on_a_completion_thread_gets_an_error_not_a_h
 ) {
     let _serial = serial();
     let stream = Stream::new(&device).unwrap();
-    let seen = Arc::new(std::sync::Mutex::new(None));
-    let dev = DeviceBuffer::<f32>::new(&device, 1024).unwrap();
-    let gate = hold(&stream, &device);
-    let _watchdog = watchdog(&gate);
+    let seen = Seen::default();
     let bundle = BlocksOnDrop {
         device: device.clone(),
         seen: seen.clone(),
-        _dev: dev,
+        _dev: DeviceBuffer::<f32>::new(&device, 1024).unwrap(),
     };
-    // Cancelled while held: its bundle is dropped by the completion source.
-    drop(stream.run(bundle, |c, b| {
-        c.kernel(Kernel::Scale { s: 2.0 }, b._dev.view_mut())
-    }));
-    gate.set(1);
-    device.synchronize().unwrap();
-    let seen = seen.lock().unwrap().take();
+    let seen = dropped_on_the_completion_thread(&device, &stream, bundle, &seen, |b| &mut b._dev);
     assert!(
         matches!(seen, Some(Err(Error::Internal(_)))),
         "{}: {seen:?}",

@@ -372,10 +372,7 @@ impl PinnedBuffer {
         if !matches!(&*self.state.lock(), State::Ready(_)) {
             return Ok(()); // in flight (unreachable meanwhile) or gone already
         }
-        let same = ContiguousView::get(o.bind(py), true)
-            .map(|v| v.ptr as usize == *ptr && v.len == *len)
-            .unwrap_or(false);
-        if same {
+        if still_exports(o.bind(py), *ptr, *len).unwrap_or(false) {
             return Ok(());
         }
         let why = "the pinned array's memory was replaced or freed by its owner while pinned \
@@ -417,6 +414,13 @@ impl PinnedBuffer {
         let view = Self::view(slf)?;
         slf.py().import("numpy")?.call_method1("asarray", (view,))
     }
+}
+
+/// Whether `obj` still exports the range `ptr..ptr + len` (a fresh
+/// writable, C-contiguous export; no Python code runs for the types `pin()`
+/// takes).
+fn still_exports(obj: &Bound<'_, PyAny>, ptr: usize, len: usize) -> PyResult<bool> {
+    ContiguousView::get(obj, true).map(|v| v.ptr as usize == ptr && v.len == len)
 }
 
 /// Whether `obj` has weak references (`weakref.ref(obj)` alive somewhere).
@@ -982,8 +986,7 @@ pub(crate) fn pin_on(
     // with the export's, with nothing Python in between; later changes show
     // at every use (`check_origin`).
     check_pinnable(py, obj)?;
-    let same = ContiguousView::get(obj, true).map(|v| v.ptr as usize == ptr && v.len == len)?;
-    if !same {
+    if !still_exports(obj, ptr, len)? {
         return Err(buffer_error(
             "the object's memory changed while it was being pinned (a finalizer?): pin it again",
         ));

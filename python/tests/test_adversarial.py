@@ -4,6 +4,7 @@ replacing a pinned array's memory, weak references and PickleBuffers reaching
 memory in flight, one buffer in two roles of a batch, a second waiter, and
 drops that must not hold the GIL. On any backend (the CPU emulation in CI)."""
 import asyncio
+import contextlib
 import gc
 import pickle
 import threading
@@ -22,6 +23,17 @@ def _long_work(device):
     return (1 << 22, 2_000_000) if device.kind == "cuda" else (1 << 18, 1500)
 
 
+@contextlib.contextmanager
+def _gc_every(allocations):
+    """Collects garbage every `allocations` allocations inside the block."""
+    old = gc.get_threshold()
+    gc.set_threshold(allocations)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def _cycle(obj):
     """Makes `obj` reachable only from a garbage cycle."""
     c = [obj]
@@ -32,9 +44,7 @@ def test_an_operation_collected_inside_a_buffer_getter_hands_the_buffers_back(de
     s = gpufeed.Stream(device)
     keep, bufs = [], []
     gc.collect()
-    old = gc.get_threshold()
-    gc.set_threshold(3)
-    try:
+    with _gc_every(3):
         for _ in range(60):
             x = alloc.alloc((16,), "float32", zero=True)
             d = device.empty((16,), "float32")
@@ -42,8 +52,6 @@ def test_an_operation_collected_inside_a_buffer_getter_hands_the_buffers_back(de
             _cycle(s.copy_h2d(x, d))
             for _ in range(5):
                 keep.append(x.shape)  # the collector runs inside this getter
-    finally:
-        gc.set_threshold(*old)
     gc.collect()
     s.synchronize()
     # A dropped operation's buffers read as freed (or came back): never stuck.
@@ -53,17 +61,13 @@ def test_an_operation_collected_inside_a_buffer_getter_hands_the_buffers_back(de
 def test_a_view_collected_inside_a_getter_is_released(alloc):
     keep, bufs = [], []
     gc.collect()
-    old = gc.get_threshold()
-    gc.set_threshold(3)
-    try:
+    with _gc_every(3):
         for _ in range(40):
             x = alloc.alloc((16,), "float32", zero=True)
             bufs.append(x)
             _cycle(x.get_array())
             for _ in range(5):
                 keep.append(x.shape)
-    finally:
-        gc.set_threshold(*old)
     gc.collect()
     assert {b.exports for b in bufs} == {0}
     for b in bufs:
