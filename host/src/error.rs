@@ -96,6 +96,10 @@ pub enum Error {
     /// thread is gone, a thread could not start): not the caller's mistake.
     #[error("internal failure: {0}")]
     Internal(String),
+    /// A worker thread of a staging engine panicked while copying: the copy
+    /// stopped there; the engine and the buffers stay usable.
+    #[error("a staging worker panicked: {0}")]
+    WorkerPanicked(String),
     /// An I/O error (results, plots).
     #[error("I/O: {0}")]
     Io(Arc<std::io::Error>),

@@ -54,6 +54,7 @@ mod pipeline;
 mod pool;
 pub mod ptx;
 mod ptx_entries;
+mod staging;
 mod stream;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
@@ -84,5 +85,12 @@ pub use pipeline::{
     AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub use staging::hooks as staging_hooks;
+pub use staging::{
+    Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
+    DEFAULT_DIRECT_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,
+};
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

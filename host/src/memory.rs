@@ -8,6 +8,7 @@ use crate::error::{byte_size, Error, Result};
 use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
 
 /// Largest alignment a pinned allocation guarantees (page alignment).
 pub const MAX_HOST_ALIGN: usize = 4096;
@@ -318,7 +319,55 @@ pub struct DeviceBuffer<T: Pod> {
     ptr: u64,
     len: usize,
     device: Device,
+    /// Completions of staged DMAs that may still read or write this buffer
+    /// after the staged copy that issued them was dropped or forgotten
+    /// ([`crate::Staging`]): every later use waits for them and the free
+    /// is deferred past them.
+    in_flight: InFlight,
     _t: PhantomData<T>,
+}
+
+/// The completions of staged DMAs on a device buffer (see
+/// [`DeviceBuffer`]): usually empty; pruned of finished ones as it grows.
+#[derive(Default)]
+pub(crate) struct InFlight(std::sync::Mutex<Vec<crate::completion::Completion>>);
+
+impl InFlight {
+    /// Notes a DMA on the buffer that ends with `done`.
+    pub(crate) fn push(&self, done: crate::completion::Completion) {
+        let mut v = crate::completion::lock(&self.0);
+        v.retain(|c| !c.is_done());
+        v.push(done);
+    }
+
+    /// The completions still pending, taken out.
+    fn take_pending(&self) -> Vec<crate::completion::Completion> {
+        let mut v = crate::completion::lock(&self.0);
+        v.retain(|c| !c.is_done());
+        std::mem::take(&mut *v)
+    }
+
+    /// Blocks until every noted DMA is done. Only a staged copy that was
+    /// dropped (or forgotten) mid-way leaves any: this is then the wait for
+    /// at most its ring of blocks. On a completion thread (where blocking
+    /// would wait for itself) the remaining completions are kept and the
+    /// use goes ahead, ordered on the GPU only by the device.
+    fn settle(&self) {
+        let pending = self.take_pending();
+        if pending.is_empty() {
+            return;
+        }
+        if crate::completion::on_completion_thread() {
+            let mut v = crate::completion::lock(&self.0);
+            v.extend(pending);
+            return;
+        }
+        for c in pending {
+            // The DMA's own fault, if any, belongs to the staged copy that
+            // issued it (and breaks the context for every later use).
+            let _ = c.block();
+        }
+    }
 }
 
 // SAFETY: an owned device address; the host never dereferences it. Pod data has no thread affinity.
@@ -352,6 +401,7 @@ impl<T: Pod> DeviceBuffer<T> {
             ptr,
             len,
             device: device.clone(),
+            in_flight: InFlight::default(),
             _t: PhantomData,
         })
     }
@@ -369,6 +419,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// A read view of the whole buffer for stream commands (a source).
     /// Shared: a buffer behind an `Arc` in several jobs can be read by all.
     pub fn view(&self) -> DeviceSlice<'_, T> {
+        self.in_flight.settle();
         DeviceSlice {
             addr: self.ptr,
             len: self.len,
@@ -383,6 +434,7 @@ impl<T: Pod> DeviceBuffer<T> {
     /// serves several commands, which the stream runs in order. Take it once
     /// (`let d = d.view_mut();`) and reuse it.
     pub fn view_mut(&mut self) -> DeviceSliceMut<'_, T> {
+        self.in_flight.settle();
         DeviceSliceMut {
             addr: self.ptr,
             len: self.len,
@@ -393,12 +445,21 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// The device address and device identity, for the crate's own commands.
     pub(crate) fn raw_parts(&self) -> (u64, usize) {
+        self.in_flight.settle();
         (self.ptr, self.device.id())
+    }
+
+    /// The device, the address and the in-flight record, for staged
+    /// copies (which note their DMAs there as they issue them).
+    pub(crate) fn staging_parts(&self) -> (&Device, u64, &InFlight) {
+        self.in_flight.settle();
+        (&self.device, self.ptr, &self.in_flight)
     }
 
     /// Synchronous copy from any host slice (pageable memory's path): returns
     /// when the data is on the device. `&mut self` proves no job uses the buffer.
     pub fn copy_from_host_sync(&mut self, src: &[T]) -> Result<()> {
+        self.in_flight.settle();
         check_len("copy_from_host_sync", self.len, src.len())?;
         // SAFETY: both ranges valid for the byte count; synchronous.
         unsafe {
@@ -412,6 +473,7 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Synchronous copy into any host slice.
     pub fn copy_to_host_sync(&mut self, dst: &mut [T]) -> Result<()> {
+        self.in_flight.settle();
         check_len("copy_to_host_sync", self.len, dst.len())?;
         // SAFETY: both ranges valid for the byte count; synchronous.
         unsafe {
@@ -426,13 +488,36 @@ impl<T: Pod> DeviceBuffer<T> {
 
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        // SAFETY: our allocation; jobs own buffers until completion.
-        if let Err(e) = unsafe { self.device.backend.free_device(self.ptr) } {
-            eprintln!("warning: freeing device memory failed: {e}");
+        let (device, ptr) = (self.device.clone(), self.ptr);
+        let free = move || {
+            // SAFETY: our allocation; jobs own buffers until completion, and
+            // staged DMAs noted in `in_flight` are done when this runs.
+            if let Err(e) = unsafe { device.backend.free_device(ptr) } {
+                eprintln!("warning: freeing device memory failed: {e}");
+            }
+            device
+                .live_buffers
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        };
+        // A staged copy dropped mid-way may have left DMAs on this buffer:
+        // the free waits for the last of them, without blocking here.
+        let pending = self.in_flight.take_pending();
+        if pending.is_empty() {
+            free();
+            return;
         }
-        self.device
-            .live_buffers
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let left = Arc::new(std::sync::atomic::AtomicUsize::new(pending.len()));
+        let free = Arc::new(std::sync::Mutex::new(Some(free)));
+        for c in pending {
+            let (left, free) = (left.clone(), free.clone());
+            c.defer(move || {
+                if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    if let Some(free) = crate::completion::lock(&free).take() {
+                        free();
+                    }
+                }
+            });
+        }
     }
 }
 

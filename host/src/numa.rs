@@ -220,6 +220,33 @@ pub(crate) fn map_anonymous(bytes: usize) -> std::io::Result<*mut u8> {
     Ok(ptr.cast())
 }
 
+/// The CPUs of NUMA node `node` (empty when unknown).
+pub(crate) fn cpus_of_node(node: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("{SYSFS}/devices/system/node/node{node}/cpulist"))
+        .map(|s| parse_list(&s))
+        .unwrap_or_default()
+}
+
+/// Restricts the calling thread to `cpus` (nothing when empty, or when the
+/// system refuses: placement is an optimisation).
+pub(crate) fn run_on_cpus(cpus: &[u32]) {
+    if cpus.is_empty() {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // inside it for indices below CPU_SETSIZE (checked).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus
+            .iter()
+            .filter(|&&c| (c as usize) < libc::CPU_SETSIZE as usize)
+        {
+            libc::CPU_SET(c as usize, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// The system's page size.
 pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

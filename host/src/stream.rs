@@ -197,6 +197,12 @@ impl Stream {
         &self.device
     }
 
+    /// The backend's stream, for the crate's own commands that keep their
+    /// memory alive by other means (staged copies).
+    pub(crate) fn raw(&self) -> &dyn RawStream {
+        &*self.raw
+    }
+
     /// Records a point (no timing: cheaper).
     pub fn record(&self) -> Result<Event> {
         Ok(Event {

@@ -1,0 +1,321 @@
+//! Staged copies of ordinary host memory (`Staging`): every byte lands,
+//! both ways, by every route, at offsets and lengths that are multiples of
+//! nothing; the ring stays within its bound under 64 concurrent copies;
+//! dropping a copy at any point leaves the host memory free at once and
+//! the device buffer safe to use or free; a worker's panic is an error;
+//! bad arguments are typed errors. Each check compares with a plain loop
+//! over fresh random data, written into outputs poisoned beforehand.
+
+use futures::task::noop_waker;
+use host::{DeviceBuffer, Error, PinnedPool, Route, Staging, StagingConfig, Stream};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Context;
+
+const POISON: u32 = 0xDEAD_BEEF;
+
+/// Fresh random words, never the poison.
+fn random(n: usize, rng: &mut fastrand::Rng) -> Vec<u32> {
+    (0..n)
+        .map(|_| loop {
+            let v = rng.u32(..);
+            if v != POISON {
+                break v;
+            }
+        })
+        .collect()
+}
+
+/// A small ring, so that a copy of a few hundred KiB crosses many blocks
+/// (block of 64 KiB + 4 bytes: a multiple of nothing).
+fn small(device: &host::Device, route: Route, threads: usize) -> Staging {
+    let config = StagingConfig {
+        block_bytes: (64 << 10) + 4,
+        blocks: 3,
+        threads,
+        route,
+        direct_below: 1 << 20,
+    };
+    Staging::with_config(device, config).unwrap()
+}
+
+/// The device buffer's contents, read back by the driver's own copy.
+fn read(dev: &mut DeviceBuffer<u32>) -> Vec<u32> {
+    let mut out = vec![0u32; dev.len()];
+    dev.copy_to_host_sync(&mut out).unwrap();
+    out
+}
+
+fn poisoned(device: &host::Device, n: usize) -> DeviceBuffer<u32> {
+    let mut dev = DeviceBuffer::<u32>::new(device, n).unwrap();
+    dev.copy_from_host_sync(&vec![POISON; n]).unwrap();
+    dev
+}
+
+/// The most pinned memory the ring may hold: its blocks, each rounded up
+/// to the pool's size class (less than 1/8 more).
+fn ring_bound(staging: &Staging) -> u64 {
+    let c = staging.config();
+    (c.block_bytes as u64 * 9 / 8) * c.blocks as u64
+}
+
+/// Index of the first element that differs, with both values.
+fn first_diff(got: &[u32], want: &[u32]) -> Option<(usize, u32, u32)> {
+    assert_eq!(got.len(), want.len());
+    (0..got.len())
+        .find(|&i| got[i] != want[i])
+        .map(|i| (i, got[i], want[i]))
+}
+
+host::backend_tests!(every_byte_lands_both_ways_by_every_route_at_any_offset);
+fn every_byte_lands_both_ways_by_every_route_at_any_offset(device: host::Device) {
+    let mut rng = fastrand::Rng::with_seed(0x57a9);
+    let n = 300_007;
+    for route in [Route::Staged, Route::Direct, Route::Auto] {
+        for threads in [1, 3] {
+            let staging = small(&device, route, threads);
+            // Lengths: zero, one element, inside one block, across many
+            // blocks, the whole buffer; offsets odd.
+            for (at, len) in [(0, 0), (5, 1), (17, 1000), (3, 200_001), (0, n)] {
+                let data = random(len, &mut rng);
+                let mut dev = poisoned(&device, n);
+                futures::executor::block_on(staging.h2d_at(&data, &mut dev, at)).unwrap();
+                // Plain loop: the range holds the data, the rest the poison.
+                let got = read(&mut dev);
+                let mut want = vec![POISON; n];
+                want[at..at + len].copy_from_slice(&data);
+                assert_eq!(
+                    first_diff(&got, &want),
+                    None,
+                    "h2d {route:?} {threads} threads at {at} len {len}"
+                );
+
+                // And back, into a poisoned host slice.
+                let mut back = vec![POISON; len + 2];
+                futures::executor::block_on(staging.d2h_at(&dev, at, &mut back[1..len + 1]))
+                    .unwrap();
+                assert_eq!(back[0], POISON, "d2h wrote before its slice");
+                assert_eq!(back[len + 1], POISON, "d2h wrote past its slice");
+                assert_eq!(
+                    first_diff(&back[1..len + 1], &data),
+                    None,
+                    "d2h {route:?} at {at} len {len}"
+                );
+            }
+            assert!(staging.pool_stats().peak_in_use_bytes <= ring_bound(&staging));
+        }
+    }
+}
+
+host::backend_tests!(the_default_engine_copies_whole_buffers_of_other_types);
+fn the_default_engine_copies_whole_buffers_of_other_types(device: host::Device) {
+    let staging = Staging::new(&device).unwrap();
+    let c = staging.config();
+    assert!(
+        c.threads >= 1 && c.blocks * c.block_bytes <= 64 << 20,
+        "{c:?}"
+    );
+    let mut rng = fastrand::Rng::with_seed(7);
+    // 40 MiB of f64: crosses the default 16 MiB blocks.
+    let data: Vec<f64> = (0..5 << 20).map(|_| rng.f64() - 0.5).collect();
+    let mut dev = DeviceBuffer::<f64>::new(&device, data.len()).unwrap();
+    staging.h2d_blocking(&data, &mut dev).unwrap();
+    let mut back = vec![f64::NAN; data.len()];
+    staging.d2h_blocking(&dev, &mut back).unwrap();
+    assert!(back
+        .iter()
+        .zip(&data)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+host::backend_tests!(sources_already_pinned_or_registered_copy_the_same);
+fn sources_already_pinned_or_registered_copy_the_same(device: host::Device) {
+    let staging = small(&device, Route::Staged, 2);
+    let mut rng = fastrand::Rng::with_seed(99);
+    let n = 150_001;
+    let data = random(n, &mut rng);
+    let pool = PinnedPool::new(&device);
+    let mut pinned = pool.alloc::<u32>(n).unwrap();
+    pinned.as_mut_slice().copy_from_slice(&data);
+    let registered = host::Registered::new(&device, data.clone()).unwrap();
+    for src in [pinned.as_slice(), registered.as_slice()] {
+        let mut dev = poisoned(&device, n);
+        staging.h2d_blocking(src, &mut dev).unwrap();
+        assert_eq!(first_diff(&read(&mut dev), &data), None);
+        let mut back = pool.alloc::<u32>(n).unwrap();
+        back.as_mut_slice().fill(POISON);
+        staging.d2h_blocking(&dev, back.as_mut_slice()).unwrap();
+        assert_eq!(first_diff(back.as_slice(), &data), None);
+    }
+}
+
+host::backend_tests!(sixty_four_concurrent_copies_share_the_bounded_ring);
+fn sixty_four_concurrent_copies_share_the_bounded_ring(device: host::Device) {
+    let staging = small(&device, Route::Staged, 2);
+    let bound = staging.config().total_bytes() as u64;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
+    let mut handles = Vec::new();
+    for task in 0..64u64 {
+        let (staging, device) = (staging.clone(), device.clone());
+        handles.push(rt.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(task);
+            let n = 20_000 + rng.usize(..50_000);
+            let data = random(n, &mut rng);
+            let mut dev = poisoned(&device, n);
+            staging.h2d(&data, &mut dev).await.unwrap();
+            let mut back = vec![POISON; n];
+            staging.d2h(&dev, &mut back).await.unwrap();
+            first_diff(&back, &data)
+        }));
+    }
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(rt.block_on(h).unwrap(), None, "task {i}");
+    }
+    let stats = staging.pool_stats();
+    assert!(
+        stats.peak_in_use_bytes <= ring_bound(&staging),
+        "staging held {} bytes, bound {bound}",
+        stats.peak_in_use_bytes
+    );
+    assert!(stats.peak_in_use_bytes > 0);
+}
+
+/// Polls `fut` `polls` times with a waker that does nothing.
+fn poll_n<F: Future + Unpin>(fut: &mut F, polls: usize) -> bool {
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    (0..polls).any(|_| Pin::new(&mut *fut).poll(&mut cx).is_ready())
+}
+
+host::backend_tests!(a_copy_dropped_at_any_point_frees_the_host_memory_at_once);
+fn a_copy_dropped_at_any_point_frees_the_host_memory_at_once(device: host::Device) {
+    let staging = small(&device, Route::Staged, 2);
+    let mut rng = fastrand::Rng::with_seed(0xcafe);
+    let n = 200_000;
+    for polls in 0..8 {
+        let mut data = random(n, &mut rng);
+        let mut dev = poisoned(&device, n);
+        {
+            let mut copy = staging.h2d(&data, &mut dev);
+            poll_n(&mut copy, polls);
+        }
+        // The source is ours again at once: overwrite it (a thread still
+        // reading it would race with this; valgrind and the sanitizer check).
+        data.fill(1);
+        // The device buffer's next use waits for the DMAs left running.
+        let fresh = random(n, &mut rng);
+        staging.h2d_blocking(&fresh, &mut dev).unwrap();
+        assert_eq!(first_diff(&read(&mut dev), &fresh), None);
+
+        let mut back = vec![POISON; n];
+        {
+            let mut copy = staging.d2h(&dev, &mut back);
+            poll_n(&mut copy, polls);
+        }
+        back.fill(2);
+        staging.d2h_blocking(&dev, &mut back).unwrap();
+        assert_eq!(first_diff(&back, &fresh), None);
+    }
+    // Forgotten mid-way, then the device buffer dropped: its free waits
+    // for the DMAs (valgrind would see an emulated DMA write freed memory).
+    let data = random(n, &mut rng);
+    let mut dev = poisoned(&device, n);
+    let mut copy = staging.h2d(&data, &mut dev);
+    poll_n(&mut copy, 1);
+    std::mem::forget(copy);
+    drop(dev);
+    drop(data);
+    device.synchronize().unwrap();
+    // The ring lent its blocks to the forgotten copy for good, but the engine
+    // still works while any are left.
+    let mut dev = poisoned(&device, 10);
+    staging
+        .h2d_blocking(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &mut dev)
+        .unwrap();
+    assert_eq!(read(&mut dev), (1..=10).collect::<Vec<u32>>());
+}
+
+host::backend_tests!(a_panic_in_a_worker_is_an_error_and_nothing_is_lost);
+fn a_panic_in_a_worker_is_an_error_and_nothing_is_lost(device: host::Device) {
+    let _serial = host::testing::serial();
+    let staging = small(&device, Route::Staged, 3);
+    let mut rng = fastrand::Rng::with_seed(3);
+    let n = 100_000;
+    let data = random(n, &mut rng);
+    let mut dev = poisoned(&device, n);
+    host::staging_hooks::PANIC_IN_NEXT_COPY.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = staging.h2d_blocking(&data, &mut dev).unwrap_err();
+    assert!(matches!(err, Error::WorkerPanicked(_)), "{err:?}");
+    // The data is still ours and the engine still works, both ways.
+    staging.h2d_blocking(&data, &mut dev).unwrap();
+    let mut back = vec![POISON; n];
+    host::staging_hooks::PANIC_IN_NEXT_COPY.store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = staging.d2h_blocking(&dev, &mut back).unwrap_err();
+    assert!(matches!(err, Error::WorkerPanicked(_)), "{err:?}");
+    staging.d2h_blocking(&dev, &mut back).unwrap();
+    assert_eq!(first_diff(&back, &data), None);
+}
+
+host::backend_tests!(bad_arguments_are_typed_errors_and_touch_nothing);
+fn bad_arguments_are_typed_errors_and_touch_nothing(device: host::Device) {
+    let staging = small(&device, Route::Staged, 1);
+    let mut dev = poisoned(&device, 100);
+    let data = vec![7u32; 101];
+    let err = staging.h2d_blocking(&data, &mut dev).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { .. }), "{err:?}");
+    let err = futures::executor::block_on(staging.h2d_at(&data[..10], &mut dev, 95)).unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err:?}");
+    let err =
+        futures::executor::block_on(staging.h2d_at(&data[..10], &mut dev, usize::MAX)).unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err:?}");
+    let mut out = vec![POISON; 101];
+    let err = staging.d2h_blocking(&dev, &mut out).unwrap_err();
+    assert!(matches!(err, Error::LengthMismatch { .. }), "{err:?}");
+    assert!(out.iter().all(|&v| v == POISON));
+    assert_eq!(read(&mut dev), vec![POISON; 100]);
+    // A buffer of another device.
+    let other = host::Device::cpu();
+    let mut foreign = DeviceBuffer::<u32>::new(&other, 4).unwrap();
+    let err = staging
+        .h2d_blocking(&[1, 2, 3, 4], &mut foreign)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    // Configurations out of range.
+    for bad in [
+        StagingConfig {
+            threads: 0,
+            ..staging.config()
+        },
+        StagingConfig {
+            blocks: 0,
+            ..staging.config()
+        },
+        StagingConfig {
+            block_bytes: 100,
+            ..staging.config()
+        },
+        StagingConfig {
+            threads: host::MAX_STAGING_THREADS + 1,
+            ..staging.config()
+        },
+        StagingConfig {
+            blocks: usize::MAX,
+            block_bytes: 1 << 20,
+            ..staging.config()
+        },
+    ] {
+        let err = Staging::with_config(&device, bad).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidArgument(_) | Error::SizeOverflow { .. }),
+            "{err:?}"
+        );
+    }
+    // Nothing to do for an empty copy, whatever the route.
+    let mut empty = DeviceBuffer::<u32>::new(&device, 0).unwrap();
+    staging.h2d_blocking(&[], &mut empty).unwrap();
+    staging.d2h_blocking(&empty, &mut []).unwrap();
+    let _ = Stream::new(&device).unwrap();
+}
