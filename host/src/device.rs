@@ -355,6 +355,12 @@ impl Device {
     }
 
     /// Identity used to reject mixing buffers of different devices.
+    /// Whether `other` is a handle of this same device (buffers of one
+    /// can be used with the other).
+    pub fn same_as(&self, other: &Device) -> bool {
+        self.id() == other.id()
+    }
+
     pub(crate) fn id(&self) -> usize {
         Arc::as_ptr(&self.backend) as *const () as usize
     }

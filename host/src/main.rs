@@ -45,6 +45,21 @@ enum Cmd {
         #[arg(long, default_value_t = 100_000_000)]
         n: usize,
     },
+    /// Ordinary (pageable) memory to the device and back, 64 KiB to 4 GiB:
+    /// the driver's copy, pin-in-place + copy, the staging engine (forced
+    /// and automatic) and the pinned copy; then the engine's shape swept.
+    Staging {
+        /// Sizes in bytes, comma-separated (default: 64 KiB to 4 GiB by
+        /// powers of 4 on a GPU, up to 64 MiB on the CPU emulation).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<usize>>,
+        /// Timed runs per route, size and direction.
+        #[arg(long)]
+        reps: Option<usize>,
+        /// Size of the shape sweep in bytes (0: none).
+        #[arg(long)]
+        sweep_bytes: Option<usize>,
+    },
     /// Pinned vs pageable bandwidth, raw driver copies, allocation cost.
     Bandwidth {
         /// Largest copy in MiB.
@@ -212,6 +227,17 @@ fn run(cli: Cli) -> host::Result<()> {
         Cmd::Kernels { n } => demo::kernels::run(&device, n, Some(&out.join("kernels.json"))),
         Cmd::Bandwidth { max_mib } => {
             demo::bandwidth(&device, max_mib << 20, &[64 << 20, 1 << 30], &out)
+        }
+        Cmd::Staging {
+            sizes,
+            reps,
+            sweep_bytes,
+        } => {
+            let mut c = demo::staging::Config::for_device(&device, false);
+            c.sizes = sizes.unwrap_or(c.sizes);
+            c.reps = reps.unwrap_or(c.reps).max(1);
+            c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
+            demo::staging::run(&device, &c, &out).map(|_| ())
         }
         Cmd::Latency { samples } => demo::latency(&opts, samples, &out),
         Cmd::SmallTransfers { rounds, sizes } => demo::small::part(

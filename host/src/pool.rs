@@ -371,7 +371,7 @@ impl<T: Pod> std::fmt::Debug for PooledBuffer<T> {
 }
 
 impl<T: Pod> PooledBuffer<T> {
-    fn ptr(&self) -> *mut T {
+    pub(crate) fn ptr(&self) -> *mut T {
         self.block
             .as_ref()
             .map_or(std::ptr::null_mut(), |b| b.alloc.ptr.cast())

@@ -650,8 +650,8 @@ impl<'a> StagedCopy<'a> {
         // `in_flight` record keeps its next use and its free behind it.
         let issued = unsafe {
             match self.dir {
-                Dir::H2d(_) => raw.copy_h2d(dev, block.as_ptr(), len),
-                Dir::D2h(_) => raw.copy_d2h(block.as_ptr().cast_mut(), dev, len),
+                Dir::H2d(_) => raw.copy_h2d(dev, block.ptr(), len),
+                Dir::D2h(_) => raw.copy_d2h(block.ptr(), dev, len),
             }
         };
         if let Err(e) = issued {

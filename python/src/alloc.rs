@@ -730,6 +730,8 @@ pub struct ContiguousView {
     pub itemsize: usize,
     /// The struct-module format, when given.
     pub format: Option<String>,
+    /// The exporter's shape (`[len / itemsize]` when it gives none).
+    pub shape: Vec<usize>,
 }
 
 impl ContiguousView {
@@ -757,13 +759,38 @@ impl ContiguousView {
                     .into_owned(),
             )
         };
+        let (len, itemsize) = (view.len.max(0) as usize, view.itemsize.max(0) as usize);
+        let shape = if view.shape.is_null() || view.ndim < 0 {
+            vec![len / itemsize.max(1)]
+        } else {
+            // SAFETY: a non-null shape has `ndim` entries owned by the export.
+            unsafe { std::slice::from_raw_parts(view.shape, view.ndim as usize) }
+                .iter()
+                .map(|&d| d.max(0) as usize)
+                .collect()
+        };
         Ok(ContiguousView {
             ptr: view.buf.cast(),
-            len: view.len.max(0) as usize,
-            itemsize: view.itemsize.max(0) as usize,
+            len,
+            itemsize,
             format,
+            shape,
             view,
         })
+    }
+
+    /// The bytes, writable.
+    ///
+    /// # Safety
+    /// The view was asked for writable, and nothing else reads or writes
+    /// the bytes while the slice lives.
+    pub unsafe fn as_bytes_mut(&self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: the export keeps `len` writable bytes at `ptr` valid while
+        // `self` lives (writable export: the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
     /// The bytes.

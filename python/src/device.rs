@@ -391,7 +391,7 @@ impl DeviceArray {
     /// Runs `f` on the memory of an array allocated here, moved out for the
     /// call (state: in-flight, so any other use meanwhile gets a
     /// `BufferError` instead of waiting), and puts it back after.
-    fn with_own<R>(
+    pub(crate) fn with_own<R>(
         &self,
         what: &str,
         f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,

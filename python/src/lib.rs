@@ -25,6 +25,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod ops;
 pub mod pipe;
+pub mod staging;
 
 create_exception!(
     gpufeed,
@@ -191,6 +192,9 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::as_device_array, m)?)?;
     m.add_function(wrap_pyfunction!(alloc::pin, m)?)?;
     m.add_function(wrap_pyfunction!(pipe::compare_sync_async, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;
     m.add(
         "DTYPES",

@@ -15,6 +15,7 @@ pub mod plots;
 pub mod ptx;
 pub mod report;
 pub mod small;
+pub mod staging;
 pub mod wait_path;
 pub mod waits;
 
@@ -354,6 +355,8 @@ pub fn full(
     bandwidth(device, scale.bandwidth_max, &scale.alloc_sizes, out)?;
     println!("\n== streams and events as futures");
     latency(opts, scale.latency_samples, out)?;
+    println!("\n== ordinary memory: pageable arrays to the device and back at the link's speed");
+    staging::run(device, &staging::Config::for_device(device, small), out)?;
     println!("\n== small transfers: 4 KiB to 4 MiB copies, one and 64 in flight");
     small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);

@@ -1,0 +1,677 @@
+//! `host staging`: ordinary (pageable) memory to the device and back, by
+//! four routes, against size: the driver's own pageable copy, pinning in
+//! place then copying (register, copy, unregister), the staging engine
+//! (forced through its ring, and its automatic choice), and the pinned copy
+//! the link allows. Then the engine's shape swept at one size (threads,
+//! block size, blocks), which is where its defaults come from.
+//!
+//! Every run is checked, every element: runs alternate between two random
+//! sources that differ in every word, so a destination still holding the
+//! run before's data (an element skipped) is caught, and host destinations
+//! are poisoned before each run.
+
+use super::fmt::size;
+use super::plots;
+use super::report::{cell, median, write_json, Meta};
+use host::{
+    Device, DeviceBuffer, PinnedHost, PinnedPool, Registered, Route, Staging, StagingConfig, Stream,
+};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+const POISON: u32 = 0xDEAD_BEEF;
+
+/// The sizes and repetitions of one run.
+pub struct Config {
+    pub sizes: Vec<usize>,
+    /// Timed runs per route, size and direction (medians are quoted).
+    pub reps: usize,
+    /// Size at which the engine's shape is swept (0: no sweep).
+    pub sweep_bytes: usize,
+    pub sweep_reps: usize,
+}
+
+impl Config {
+    pub fn for_device(device: &Device, small: bool) -> Config {
+        if small || device.kind() == host::BackendKind::Cpu {
+            Config {
+                sizes: vec![64 << 10, 1 << 20, 16 << 20, 64 << 20],
+                reps: 3,
+                sweep_bytes: 16 << 20,
+                sweep_reps: 2,
+            }
+        } else {
+            Config {
+                sizes: [16, 18, 20, 22, 24, 26, 28, 30, 32]
+                    .iter()
+                    .map(|s| 1usize << s)
+                    .collect(),
+                reps: 11,
+                sweep_bytes: 1 << 30,
+                sweep_reps: 5,
+            }
+        }
+    }
+}
+
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum Path4 {
+    /// The driver's synchronous copy of pageable memory.
+    Pageable,
+    /// `Registered::new` (pin in place), the copy, `into_inner` (unpin).
+    RegisterCopy,
+    /// The staging engine, forced through its ring.
+    Staged,
+    /// The staging engine's automatic choice (`Route::Auto`).
+    Auto,
+    /// From (into) memory already pinned: the link's own speed.
+    Pinned,
+}
+
+#[derive(Serialize, Clone)]
+pub struct Row {
+    pub bytes: usize,
+    pub path: Path4,
+    /// "h2d" or "d2h".
+    pub dir: &'static str,
+    /// GB/s (1e9 bytes per second): median, lowest and highest run.
+    pub gbps: f64,
+    pub gbps_min: f64,
+    pub gbps_max: f64,
+    pub reps: usize,
+    /// Every element of every run matched its source.
+    pub verified: bool,
+    /// CPU seconds (user + system, whole process) per GB moved.
+    pub cpu_s_per_gb: f64,
+}
+
+#[derive(Serialize, Clone)]
+pub struct SweepRow {
+    pub threads: usize,
+    pub block_bytes: usize,
+    pub blocks: usize,
+    pub h2d_gbps: f64,
+    pub d2h_gbps: f64,
+    pub verified: bool,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub meta: Meta,
+    /// The default configuration on this machine.
+    pub default_config: ConfigJson,
+    /// Threads the engine uses (workers plus the polling thread).
+    pub threads_used: usize,
+    pub rows: Vec<Row>,
+    pub sweep_bytes: usize,
+    pub sweep: Vec<SweepRow>,
+    /// CPU milliseconds the whole process used over 500 ms with no copy in
+    /// flight, right after the staged runs (the workers sleep).
+    pub idle_cpu_ms: f64,
+    /// Peak pinned bytes the default engine held, and its bound.
+    pub staging_peak_bytes: u64,
+    pub staging_bound_bytes: usize,
+}
+
+#[derive(Serialize, Clone, Copy)]
+pub struct ConfigJson {
+    pub block_bytes: usize,
+    pub blocks: usize,
+    pub threads: usize,
+    pub direct_below: usize,
+}
+
+impl From<StagingConfig> for ConfigJson {
+    fn from(c: StagingConfig) -> Self {
+        ConfigJson {
+            block_bytes: c.block_bytes,
+            blocks: c.blocks,
+            threads: c.threads,
+            direct_below: c.direct_below,
+        }
+    }
+}
+
+/// CPU seconds (user + system) this process has used.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Random words (never the poison), in parallel.
+fn random_words(n: usize, seed: u64) -> Vec<u32> {
+    let mut v = vec![0u32; n];
+    v.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| {
+        let mut s = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for x in c {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *x = (s >> 16) as u32;
+            if *x == POISON {
+                *x = 1;
+            }
+        }
+    });
+    v
+}
+
+/// Whether every element of `got` equals `want`: a plain comparison.
+fn same(got: &[u32], want: &[u32]) -> bool {
+    got.len() == want.len()
+        && got
+            .par_chunks(1 << 16)
+            .zip(want.par_chunks(1 << 16))
+            .all(|(a, b)| a == b)
+}
+
+/// The two sources runs alternate between: `b` differs from `a` in every word.
+struct Sources {
+    a: Vec<u32>,
+    b: Vec<u32>,
+}
+
+impl Sources {
+    fn new(n: usize) -> Sources {
+        let a = random_words(n, 0x5eed);
+        let b = a.par_iter().map(|x| x ^ 0x5A5A_5A5A).collect();
+        Sources { a, b }
+    }
+    fn get(&self, rep: usize, n: usize) -> &[u32] {
+        if rep % 2 == 0 {
+            &self.a[..n]
+        } else {
+            &self.b[..n]
+        }
+    }
+}
+
+/// Pinned memory and device memory of one size, moved through jobs.
+struct Bufs {
+    pinned: host::PooledBuffer<u32>,
+    dev: DeviceBuffer<u32>,
+}
+
+impl Bufs {
+    /// The pinned copy, one way or the other, of the whole buffers.
+    fn pinned_copy(self, stream: &Stream, h2d: bool) -> host::Result<Bufs> {
+        let ((pinned, dev), ()) = stream
+            .run_sync((self.pinned, self.dev), |c, (p, d)| {
+                if h2d {
+                    c.copy_h2d(p.host(), d.view_mut())
+                } else {
+                    c.copy_d2h(d.view(), p.host_mut())
+                }
+            })
+            .map_err(host::Error::from)?;
+        Ok(Bufs { pinned, dev })
+    }
+
+    /// Puts `src` on the device through pinned memory (untimed set-up).
+    fn upload(mut self, stream: &Stream, src: &[u32]) -> host::Result<Bufs> {
+        self.pinned.as_mut_slice().copy_from_slice(src);
+        self.pinned_copy(stream, true)
+    }
+
+    /// Whether the device holds exactly `want`, read back through pinned
+    /// memory poisoned first.
+    fn check(mut self, stream: &Stream, want: &[u32]) -> host::Result<(Bufs, bool)> {
+        self.pinned.as_mut_slice().fill(POISON);
+        let b = self.pinned_copy(stream, false)?;
+        let ok = same(b.pinned.as_slice(), want);
+        Ok((b, ok))
+    }
+}
+
+/// The timings of one route, size and direction, and whether every run was right.
+struct Timed {
+    secs: Vec<f64>,
+    cpu: f64,
+    verified: bool,
+}
+
+impl Timed {
+    fn row(&self, bytes: usize, path: Path4, dir: &'static str) -> Row {
+        let gbps: Vec<f64> = self.secs.iter().map(|s| bytes as f64 / s / 1e9).collect();
+        let (lo, hi) = gbps
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), &g| (a.min(g), b.max(g)));
+        Row {
+            bytes,
+            path,
+            dir,
+            gbps: median(&gbps),
+            gbps_min: lo,
+            gbps_max: hi,
+            reps: self.secs.len(),
+            verified: self.verified,
+            cpu_s_per_gb: self.cpu / (bytes as f64 * self.secs.len() as f64 / 1e9),
+        }
+    }
+}
+
+/// Where a device-to-host run's result lands, for the check.
+#[derive(Clone, Copy, PartialEq)]
+enum Lands {
+    /// In the user's pageable array.
+    Out,
+    /// In the pinned buffer (the pinned route's own destination).
+    Pinned,
+}
+
+/// Where a host-to-device run's source must be before the timer starts.
+#[derive(Clone, Copy, PartialEq)]
+enum Prep {
+    /// In the sources (a borrowed slice).
+    Nothing,
+    /// Also in a `Vec` of its own (the route that pins it in place).
+    OwnVec,
+    /// In the pinned buffer (the pinned route).
+    Pinned,
+}
+
+/// One route of one size and direction, `reps` timed runs after one
+/// untimed warm-up (first touch, pool, JIT), every run checked.
+struct Case<'a> {
+    stream: &'a Stream,
+    src: &'a Sources,
+    n: usize,
+    reps: usize,
+}
+
+impl Case<'_> {
+    /// Host to device: `copy(src, bufs)` is timed; the device is checked
+    /// after every run (runs alternate sources that differ everywhere).
+    /// `prep` says where the source must be before the timer starts.
+    fn h2d(
+        &self,
+        mut bufs: Bufs,
+        prep: Prep,
+        mut copy: impl FnMut(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
+    ) -> host::Result<(Bufs, Timed)> {
+        let mut t = Timed {
+            secs: vec![],
+            cpu: 0.0,
+            verified: true,
+        };
+        for rep in 0..=self.reps {
+            let src = self.src.get(rep, self.n);
+            let mut own = Vec::new();
+            match prep {
+                Prep::Nothing => {}
+                Prep::OwnVec => own = src.to_vec(),
+                Prep::Pinned => bufs.pinned.as_mut_slice().copy_from_slice(src),
+            }
+            let (c0, t0) = (cpu_seconds(), Instant::now());
+            bufs = copy(src, &mut own, bufs)?;
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            let (b, ok) = bufs.check(self.stream, src)?;
+            bufs = b;
+            t.verified &= ok;
+            if rep > 0 {
+                t.secs.push(secs);
+                t.cpu += cpu;
+            }
+        }
+        Ok((bufs, t))
+    }
+
+    /// Device to host into `out` (the user's array, poisoned before every
+    /// run, as is the pinned buffer).
+    fn d2h(
+        &self,
+        mut bufs: Bufs,
+        out: &mut Vec<u32>,
+        lands: Lands,
+        mut copy: impl FnMut(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
+    ) -> host::Result<(Bufs, Timed)> {
+        let mut t = Timed {
+            secs: vec![],
+            cpu: 0.0,
+            verified: true,
+        };
+        for rep in 0..=self.reps {
+            let src = self.src.get(rep, self.n);
+            bufs = bufs.upload(self.stream, src)?;
+            out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
+            bufs.pinned.as_mut_slice().fill(POISON);
+            let (c0, t0) = (cpu_seconds(), Instant::now());
+            bufs = copy(out, bufs)?;
+            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            t.verified &= match lands {
+                Lands::Out => same(out, src),
+                Lands::Pinned => same(bufs.pinned.as_slice(), src),
+            };
+            if rep > 0 {
+                t.secs.push(secs);
+                t.cpu += cpu;
+            }
+        }
+        Ok((bufs, t))
+    }
+}
+
+/// An engine of the default shape (or `shape`: threads, block bytes,
+/// blocks) taking `route`.
+fn engine(
+    device: &Device,
+    route: Route,
+    shape: Option<(usize, usize, usize)>,
+) -> host::Result<Staging> {
+    let mut c = StagingConfig::for_device(device);
+    c.route = route;
+    if let Some((threads, block_bytes, blocks)) = shape {
+        c.threads = threads;
+        c.block_bytes = block_bytes;
+        c.blocks = blocks;
+    }
+    Staging::with_config(device, c)
+}
+
+const PATHS: [Path4; 5] = [
+    Path4::Pageable,
+    Path4::RegisterCopy,
+    Path4::Staged,
+    Path4::Auto,
+    Path4::Pinned,
+];
+
+/// Host to device by `path`.
+fn h2d_by(
+    path: Path4,
+    device: &Device,
+    stream: &Stream,
+    engines: &[Staging; 2],
+    s: &[u32],
+    own: &mut Vec<u32>,
+    mut b: Bufs,
+) -> host::Result<Bufs> {
+    match path {
+        Path4::Pageable => b.dev.copy_from_host_sync(s)?,
+        Path4::RegisterCopy => {
+            // The user's array (made before the timer), pinned in place,
+            // copied, unpinned.
+            let reg = Registered::new(device, std::mem::take(own))?;
+            let ((reg, dev), ()) = stream
+                .run_sync((reg, b.dev), |c, (r, d)| c.copy_h2d(r.host(), d.view_mut()))
+                .map_err(host::Error::from)?;
+            b.dev = dev;
+            drop(reg.into_inner());
+        }
+        Path4::Staged => engines[0].h2d_blocking(s, &mut b.dev)?,
+        Path4::Auto => engines[1].h2d_blocking(s, &mut b.dev)?,
+        // The link's own speed: the source already in pinned memory.
+        Path4::Pinned => return b.pinned_copy(stream, true),
+    }
+    Ok(b)
+}
+
+/// Device to host by `path`, into the user's array `o`.
+fn d2h_by(
+    path: Path4,
+    device: &Device,
+    stream: &Stream,
+    engines: &[Staging; 2],
+    o: &mut Vec<u32>,
+    mut b: Bufs,
+) -> host::Result<Bufs> {
+    match path {
+        Path4::Pageable => b.dev.copy_to_host_sync(o)?,
+        Path4::RegisterCopy => {
+            let reg = Registered::new(device, std::mem::take(o))?;
+            let ((reg, dev), ()) = stream
+                .run_sync((reg, b.dev), |c, (r, d)| c.copy_d2h(d.view(), r.host_mut()))
+                .map_err(host::Error::from)?;
+            b.dev = dev;
+            *o = reg.into_inner();
+        }
+        Path4::Staged => engines[0].d2h_blocking(&b.dev, o)?,
+        Path4::Auto => engines[1].d2h_blocking(&b.dev, o)?,
+        Path4::Pinned => return b.pinned_copy(stream, false),
+    }
+    Ok(b)
+}
+
+pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results> {
+    let max = config
+        .sizes
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(0)
+        .max(config.sweep_bytes);
+    let stream = Stream::new(device)?;
+    let pool = PinnedPool::new(device);
+    let src = Sources::new(max / 4);
+    let engines = [
+        engine(device, Route::Staged, None)?,
+        engine(device, Route::Auto, None)?,
+    ];
+    let mut rows = Vec::new();
+    println!(
+        "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs; every element of every run checked",
+        "size", "dir", "pageable", "reg+copy", "staged", "auto", "pinned", config.reps
+    );
+    for &bytes in &config.sizes {
+        let n = bytes / 4;
+        let case = Case {
+            stream: &stream,
+            src: &src,
+            n,
+            reps: config.reps,
+        };
+        let mut bufs = Bufs {
+            pinned: pool.alloc::<u32>(n)?,
+            dev: DeviceBuffer::new(device, n)?,
+        };
+        let mut user_out = vec![0u32; n];
+        for dir in ["h2d", "d2h"] {
+            let mut line = String::new();
+            for path in PATHS {
+                let (b, t) = if dir == "h2d" {
+                    let prep = match path {
+                        Path4::RegisterCopy => Prep::OwnVec,
+                        Path4::Pinned => Prep::Pinned,
+                        _ => Prep::Nothing,
+                    };
+                    case.h2d(bufs, prep, |s, own, b| {
+                        h2d_by(path, device, &stream, &engines, s, own, b)
+                    })?
+                } else {
+                    let lands = if path == Path4::Pinned {
+                        Lands::Pinned
+                    } else {
+                        Lands::Out
+                    };
+                    case.d2h(bufs, &mut user_out, lands, |o, b| {
+                        d2h_by(path, device, &stream, &engines, o, b)
+                    })?
+                };
+                bufs = b;
+                let row = t.row(bytes, path, dir);
+                let mark = if row.verified { ' ' } else { '!' };
+                line.push_str(&format!(" {:>8.2}{mark}", row.gbps));
+                rows.push(row);
+            }
+            println!("   {:>9} {:>4}{line}", size(bytes), dir);
+        }
+    }
+    let staging_peak_bytes = engines
+        .iter()
+        .map(|e| e.pool_stats().peak_in_use_bytes)
+        .max()
+        .unwrap_or(0);
+    // Idle: the workers must sleep once no copy is in flight.
+    let c0 = cpu_seconds();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let idle_cpu_ms = (cpu_seconds() - c0) * 1e3;
+    println!("   CPU used over 500 ms with no copy in flight: {idle_cpu_ms:.1} ms");
+
+    let sweep = sweep(device, &stream, &pool, &src, config)?;
+    let bad =
+        rows.iter().filter(|r| !r.verified).count() + sweep.iter().filter(|r| !r.verified).count();
+    let default = StagingConfig::for_device(device);
+    let results = Results {
+        meta: Meta::new(device),
+        default_config: default.into(),
+        threads_used: default.threads + 1,
+        rows,
+        sweep_bytes: config.sweep_bytes,
+        sweep,
+        idle_cpu_ms,
+        staging_peak_bytes,
+        staging_bound_bytes: default.total_bytes(),
+    };
+    write_json(&out.join("staging.json"), &results)?;
+    plot(device, &results, out)?;
+    if bad > 0 {
+        return Err(host::Error::Internal(format!(
+            "staging: {bad} measurement(s) delivered wrong data (marked !)"
+        )));
+    }
+    Ok(results)
+}
+
+/// The engine's shape swept at one size: threads × block size × blocks,
+/// every shape within the default 64 MiB bound.
+fn sweep(
+    device: &Device,
+    stream: &Stream,
+    pool: &PinnedPool,
+    src: &Sources,
+    config: &Config,
+) -> host::Result<Vec<SweepRow>> {
+    if config.sweep_bytes == 0 {
+        return Ok(vec![]);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut threads: Vec<usize> = [2, 4, 8, 12, 15, 16]
+        .into_iter()
+        .filter(|&t| t <= cores)
+        .collect();
+    threads.push(StagingConfig::for_device(device).threads);
+    threads.sort_unstable();
+    threads.dedup();
+    let shapes = [
+        (4 << 20, 4),
+        (8 << 20, 4),
+        (8 << 20, 8),
+        (16 << 20, 2),
+        (16 << 20, 3),
+        (16 << 20, 4),
+        (32 << 20, 2),
+    ];
+    let n = config.sweep_bytes / 4;
+    let case = Case {
+        stream,
+        src,
+        n,
+        reps: config.sweep_reps,
+    };
+    let mut bufs = Bufs {
+        pinned: pool.alloc::<u32>(n)?,
+        dev: DeviceBuffer::new(device, n)?,
+    };
+    let mut user_out = vec![0u32; n];
+    let mut rows = Vec::new();
+    println!(
+        "\n   the engine's shape at {} ({} runs each, medians, GB/s):",
+        size(config.sweep_bytes),
+        config.sweep_reps
+    );
+    println!(
+        "   {:>7} {:>9} {:>6} {:>8} {:>8}",
+        "threads", "block", "blocks", "h2d", "d2h"
+    );
+    for &t in &threads {
+        for &(block_bytes, blocks) in &shapes {
+            let e = engine(device, Route::Staged, Some((t, block_bytes, blocks)))?;
+            let (b, th) = case.h2d(bufs, Prep::Nothing, |s, _, mut b| {
+                e.h2d_blocking(s, &mut b.dev)?;
+                Ok(b)
+            })?;
+            let (b, td) = case.d2h(b, &mut user_out, Lands::Out, |o, b| {
+                e.d2h_blocking(&b.dev, o)?;
+                Ok(b)
+            })?;
+            bufs = b;
+            let (h, d) = (
+                th.row(config.sweep_bytes, Path4::Staged, "h2d"),
+                td.row(config.sweep_bytes, Path4::Staged, "d2h"),
+            );
+            println!(
+                "   {t:>7} {:>9} {blocks:>6} {:>8.2} {:>8.2}{}",
+                size(block_bytes),
+                h.gbps,
+                d.gbps,
+                if h.verified && d.verified {
+                    ""
+                } else {
+                    " WRONG"
+                }
+            );
+            rows.push(SweepRow {
+                threads: t,
+                block_bytes,
+                blocks,
+                h2d_gbps: h.gbps,
+                d2h_gbps: d.gbps,
+                verified: h.verified && d.verified,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn plot(device: &Device, r: &Results, out: &Path) -> host::Result<()> {
+    let mut series = Vec::new();
+    let names = [
+        (Path4::Pageable, "driver, pageable"),
+        (Path4::RegisterCopy, "pin in place + copy"),
+        (Path4::Staged, "staged"),
+        (Path4::Auto, "automatic"),
+        (Path4::Pinned, "pinned (the link)"),
+    ];
+    for dir in ["h2d", "d2h"] {
+        for (path, name) in names {
+            let points: Vec<(f64, f64)> = r
+                .rows
+                .iter()
+                .filter(|x| x.dir == dir && x.path == path)
+                .filter_map(|x| cell(x.gbps, 3).map(|g| (x.bytes as f64, g)))
+                .collect();
+            series.push((format!("{} {name}", dir.to_uppercase()), points));
+        }
+    }
+    let series: Vec<plots::Series> = series
+        .iter()
+        .map(|(name, points)| plots::Series {
+            name,
+            points: points.clone(),
+        })
+        .collect();
+    plots::lines(
+        &out.join("staging.svg"),
+        &format!(
+            "ordinary memory to the device and back — {}",
+            device.info().name
+        ),
+        plots::Axis {
+            desc: "bytes per copy",
+            label: plots::Label::Bytes,
+        },
+        plots::Axis {
+            desc: "GB/s (median)",
+            label: plots::Label::Number,
+        },
+        true,
+        &series,
+    )
+}
