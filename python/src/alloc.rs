@@ -784,7 +784,7 @@ impl ContiguousView {
     /// # Safety
     /// The view was asked for writable, and nothing else reads or writes
     /// the bytes while the slice lives.
-    pub unsafe fn as_bytes_mut(&self) -> &mut [u8] {
+    pub unsafe fn as_bytes_mut(&mut self) -> &mut [u8] {
         if self.len == 0 {
             return &mut [];
         }

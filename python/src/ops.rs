@@ -126,7 +126,7 @@ impl Pending {
 }
 
 enum OpState {
-    Pending(Pending),
+    Pending(Box<Pending>),
     Waiting,
     Done(Result<Info, Error>),
 }
@@ -161,7 +161,7 @@ pub fn drop_streams_detached(streams: Vec<host::Stream>) {
 impl Operation {
     pub fn new(pending: Pending, owners: Vec<Owner>, keep: Vec<host::Stream>) -> Self {
         Operation {
-            state: Mutex::new(OpState::Pending(pending)),
+            state: Mutex::new(OpState::Pending(Box::new(pending))),
             finished: Condvar::new(),
             owners,
             keep,
@@ -217,7 +217,7 @@ impl Operation {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {
             OpState::Pending(p) => {
-                let r = self.finish(py, p);
+                let r = self.finish(py, *p);
                 *self.lock() = OpState::Done(r.clone());
                 self.finished.notify_all();
                 r
@@ -280,7 +280,7 @@ impl Drop for Operation {
             Python::attach(|py| {
                 if p.is_done() {
                     // Nothing to wait for: hand the buffers back.
-                    let _ = self.finish(py, p);
+                    let _ = self.finish(py, *p);
                 } else {
                     // The job's own drop defers the release to the completion.
                     drop(p);

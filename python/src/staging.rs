@@ -141,7 +141,7 @@ pub fn to_host<'py>(
             np.call_method1("empty", (PyTuple::new(py, &a.shape)?, name))?
         }
     };
-    let (view, _keep) = contiguous(&out, true)?;
+    let (mut view, _keep) = contiguous(&out, true)?;
     if view.len != a.nbytes {
         return Err(PyValueError::new_err(format!(
             "to_host: out holds {} bytes, the device array {}",

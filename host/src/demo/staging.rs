@@ -185,7 +185,7 @@ impl Sources {
         Sources { a, b }
     }
     fn get(&self, rep: usize, n: usize) -> &[u32] {
-        if rep % 2 == 0 {
+        if rep.is_multiple_of(2) {
             &self.a[..n]
         } else {
             &self.b[..n]
