@@ -15,6 +15,10 @@
 #                                   peer, the Python benchmark, fewer bytes, waits,
 #                                   chunk-cost (no full demonstration, no load test)
 #   bash bench/gpu-round.sh parts   only what focus adds to quick (a call's time is limited)
+#   bash bench/gpu-round.sh staging ordinary memory: the staging tests (REQUIRE_GPU=1) and
+#                                   memcheck on them, the wheel's staging tests, `host staging`
+#                                   (four routes against size, the shape sweep) and its
+#                                   Python peer (PyTorch, CuPy idioms beside to_device/to_host)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -64,7 +68,22 @@ if [ "$mode" = multi ]; then
   cat "$M/torch-multi.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ]; then
+if [ "$mode" = staging ]; then
+  S="$R/staging"; mkdir -p "$S"
+  note "staging: tests, memcheck, host staging, the Python peer"
+  exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
+  REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$S/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
+  grep "^test result" "$S/staging_tests.log" | tee -a "$R/logs/summary.log"
+  san memcheck staging --leak-check full
+  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
+  tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
+  timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
+  grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
+  PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
+  cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+fi
+
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
