@@ -60,6 +60,7 @@ mod stream;
 #[doc(hidden)]
 pub mod testing;
 mod transfer;
+mod workers;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
 pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
@@ -85,9 +86,6 @@ pub use pipeline::{
     AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
-#[cfg(feature = "hooks")]
-#[doc(hidden)]
-pub use staging::hooks as staging_hooks;
 pub use staging::{
     Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
     DEFAULT_DIRECT_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,

@@ -11,7 +11,8 @@
 //!   its own ([`Staging::pool_stats`]);
 //! - persistent worker threads ([`StagingConfig::threads`]) that copy each
 //!   block's bytes between the user's memory and the block, every thread a
-//!   slice of the block;
+//!   fixed slice of the block; they spin between blocks while a copy
+//!   streams and park 2 ms after the last;
 //! - the DMA of block *b* runs while the workers fill block *b + 1*
 //!   (host-to-device), or copy block *b* out while the DMAs of the next
 //!   blocks run (device-to-host), on the engine's own two streams.
@@ -45,11 +46,9 @@ use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
 use crate::stream::Stream;
 use bytemuck::Pod;
-use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -66,8 +65,6 @@ pub const MAX_STAGING_THREADS: usize = 256;
 /// outrun the link (16 threads fill pinned memory at over 60 GB/s on the
 /// H200 machine).
 pub const DEFAULT_MAX_THREADS: usize = 16;
-/// A worker's piece of a block is at least this long.
-const MIN_PIECE: usize = 64 << 10;
 
 /// How a copy reaches the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -89,8 +86,9 @@ pub struct StagingConfig {
     /// Blocks in the ring (at least 1; 2 or more to overlap): the engine
     /// never holds more than `blocks × block_bytes` of pinned memory.
     pub blocks: usize,
-    /// Worker threads copying between the user's memory and the blocks
-    /// (1 to [`MAX_STAGING_THREADS`]).
+    /// Worker threads copying between the user's memory and the blocks,
+    /// besides the thread driving the copy, which takes a piece of every
+    /// block too (1 to [`MAX_STAGING_THREADS`]).
     pub threads: usize,
     /// Which route copies take.
     pub route: Route,
@@ -99,9 +97,10 @@ pub struct StagingConfig {
 }
 
 impl StagingConfig {
-    /// The default for `device`: 4 blocks of 16 MiB; as many threads as the
-    /// CPUs of the GPU's NUMA node (all CPUs when it has none) less one for
-    /// the thread driving the copy, at most [`DEFAULT_MAX_THREADS`]; direct
+    /// The default for `device`: 4 blocks of 16 MiB; as many workers as the
+    /// CPUs of the GPU's NUMA node (all CPUs when it has none) less two (the
+    /// thread driving the copy copies too, and the driver's own threads need
+    /// a core), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct
     /// copies below 256 KiB.
     pub fn for_device(device: &Device) -> StagingConfig {
         let cpus = device
@@ -112,7 +111,7 @@ impl StagingConfig {
         StagingConfig {
             block_bytes: DEFAULT_BLOCK_BYTES,
             blocks: DEFAULT_BLOCKS,
-            threads: cpus.saturating_sub(1).clamp(1, DEFAULT_MAX_THREADS),
+            threads: cpus.saturating_sub(2).clamp(1, DEFAULT_MAX_THREADS),
             route: Route::Auto,
             direct_below: DEFAULT_DIRECT_BELOW,
         }
@@ -185,7 +184,7 @@ struct Engine {
     h2d: Stream,
     d2h: Stream,
     pool: PinnedPool,
-    workers: rayon::ThreadPool,
+    workers: crate::workers::CopyWorkers,
     config: StagingConfig,
     ring: Mutex<Ring>,
 }
@@ -253,45 +252,8 @@ impl Engine {
 
     /// Copies `src` into `dst` (same length) on the workers, each a piece.
     fn par_copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        let piece = src
-            .len()
-            .div_ceil(self.config.threads)
-            .next_multiple_of(4096)
-            .max(MIN_PIECE);
-        let copy = || {
-            dst.par_chunks_mut(piece)
-                .zip(src.par_chunks(piece))
-                .for_each(|(d, s)| {
-                    #[cfg(feature = "hooks")]
-                    if hooks::PANIC_IN_NEXT_COPY.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                        panic!("planted panic in a staging worker");
-                    }
-                    d.copy_from_slice(s)
-                })
-        };
-        let outcome = if src.len() <= piece {
-            std::panic::catch_unwind(AssertUnwindSafe(copy))
-        } else {
-            std::panic::catch_unwind(AssertUnwindSafe(|| self.workers.install(copy)))
-        };
-        outcome.map_err(|panic| {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            Error::WorkerPanicked(what)
-        })
+        self.workers.copy(src, dst)
     }
-}
-
-/// Test hooks: plant faults in the engine.
-#[cfg(feature = "hooks")]
-#[doc(hidden)]
-pub mod hooks {
-    /// The next piece a staging worker copies panics instead.
-    pub static PANIC_IN_NEXT_COPY: std::sync::atomic::AtomicBool =
-        std::sync::atomic::AtomicBool::new(false);
 }
 
 impl Staging {
@@ -317,12 +279,9 @@ impl Staging {
             .numa_node()
             .map(crate::numa::cpus_of_node)
             .unwrap_or_default();
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads)
-            .thread_name(|i| format!("staging-{i}"))
-            .start_handler(move |_| crate::numa::run_on_cpus(&cpus))
-            .build()
-            .map_err(|e| Error::Internal(format!("cannot start staging threads: {e}")))?;
+        let workers = crate::workers::CopyWorkers::start(config.threads, move || {
+            crate::numa::run_on_cpus(&cpus)
+        })?;
         let engine = Engine {
             h2d: Stream::new(device)?,
             d2h: Stream::new(device)?,
@@ -335,6 +294,13 @@ impl Staging {
         Ok(Staging {
             engine: Arc::new(engine),
         })
+    }
+
+    /// A test hook: the next piece a worker of this engine copies panics.
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
+    pub fn plant_worker_panic(&self) {
+        self.engine.workers.plant_panic();
     }
 
     /// The engine's configuration.
