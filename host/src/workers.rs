@@ -255,7 +255,7 @@ fn work(s: &Shared, index: usize) {
         let mut spins = 0u32;
         while s.generation.load(Ordering::SeqCst) == seen {
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && Instant::now() >= spin_until {
+            if spins.is_multiple_of(64) && Instant::now() >= spin_until {
                 let mut g = lock(&s.sleep);
                 s.parked.fetch_add(1, Ordering::SeqCst);
                 while s.generation.load(Ordering::SeqCst) == seen {
