@@ -14,11 +14,11 @@
 //! The futures are runtime-agnostic (tokio, `futures::executor::block_on`,
 //! anything): the backend's completion source wakes them; nothing polls.
 
-use crate::backend::{RawEvent, RawStream};
+use crate::backend::{RawCopy, RawEvent, RawLaunch, RawStream};
 use crate::completion::{Completion, Wait};
 use crate::device::Device;
 use crate::error::{Error, JobError, Result};
-use crate::kernel::{check_overlaps, Args, Function, Kernel, LaunchConfig, RawLaunch, TypedParams};
+use crate::kernel::{check_overlaps, Args, Function, Kernel, LaunchConfig, TypedParams};
 use crate::memory::{check_len, overlaps, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 use bytemuck::Pod;
 use std::future::Future;
@@ -636,7 +636,6 @@ impl<'a> Commands<'a> {
         &mut self,
         transfers: impl IntoIterator<Item = crate::Transfer<'a, T>>,
     ) -> Result<()> {
-        use crate::transfer::RawCopy;
         use crate::Transfer;
         let size = std::mem::size_of::<T>();
         let mut copies = Vec::new();
@@ -805,7 +804,8 @@ impl<'a> Commands<'a> {
         let launch = RawLaunch {
             name: K::NAME,
             function: &f.raw,
-            config,
+            grid: config.grid,
+            block: config.block,
             params: Box::new(TypedParams::<K>(params)),
         };
         // SAFETY: every device range in the parameters comes from a view
