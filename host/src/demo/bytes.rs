@@ -420,7 +420,7 @@ pub async fn run(
         to_f32: module.function()?,
         both: module.function()?,
     };
-    let pb = super::progress(steps(sizes, reps, small));
+    let pb = super::progress::bar(steps(sizes, reps, small));
     let mut rows = Vec::new();
     let mut conversions = Vec::new();
     for &n in sizes {

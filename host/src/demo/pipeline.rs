@@ -76,7 +76,7 @@ pub async fn compare_all(
             with_bound: true,
         })
         .collect();
-    let pb = super::progress(specs.iter().map(Spec::steps).sum());
+    let pb = super::progress::bar(specs.iter().map(Spec::steps).sum());
     let mut out = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         pb.set_message(format!(
