@@ -80,7 +80,7 @@ pub use memory::{
 pub use multi::{MultiJob, MultiPipeline};
 pub use numa::online_nodes;
 pub use pipeline::{
-    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo,
+    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo, Timeline,
     AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
