@@ -26,6 +26,7 @@ CRATES = [
     ("host (library)", "host/src/lib.rs"),
     ("host (binary)", "host/src/main.rs"),
     ("python module", "python/src/lib.rs"),
+    ("kernel-builder", "kernel-builder/src/lib.rs"),
 ]
 
 # The backend interface and the safe API built on it: backend.rs may refer to
