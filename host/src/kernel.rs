@@ -379,7 +379,12 @@ pub(crate) struct Builtins {
 }
 
 impl Builtins {
-    pub fn load(device: &Device) -> Result<Builtins> {
+    /// The in-tree kernels on `device`, loaded the first time.
+    pub fn of(device: &Device) -> Result<&Builtins> {
+        device.builtins(Builtins::load)
+    }
+
+    fn load(device: &Device) -> Result<Builtins> {
         // SAFETY: `ptx::PTX` is gpu-kernels' PTX, built by this crate's
         // build script from the crate that declares the kernels taken below.
         let m = unsafe { Module::from_ptx(device, crate::ptx::PTX)? };

@@ -18,7 +18,7 @@ use crate::backend::{RawCopy, RawEvent, RawLaunch, RawStream};
 use crate::completion::{Completion, Wait};
 use crate::device::Device;
 use crate::error::{Error, JobError, Result};
-use crate::kernel::{check_overlaps, Args, Function, Kernel, LaunchConfig, TypedParams};
+use crate::kernel::{check_overlaps, Args, Builtins, Function, Kernel, LaunchConfig, TypedParams};
 use crate::memory::{check_len, overlaps, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 use bytemuck::Pod;
 use std::future::Future;
@@ -826,7 +826,7 @@ impl<'a> Commands<'a> {
     /// # Errors
     /// `InvalidArgument` for memory of another device.
     pub fn kernel(&mut self, kernel: Kernel, x: DeviceSliceMut<'a, f32>) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         // Grid-stride over 16-byte vectors.
         let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
         match kernel {
@@ -849,7 +849,7 @@ impl<'a> Commands<'a> {
     ) -> Result<()> {
         let x = x.into();
         check_len("saxpy (y vs x)", x.len, y.len)?;
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
         // Elementwise: each thread reads x[i] and y[i] and writes y[i] only,
         // so x may be y itself.
@@ -861,7 +861,7 @@ impl<'a> Commands<'a> {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn gate(&mut self, flag: &'a crate::memory::MappedFlag) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         self.launch(&b.gate_wait, LaunchConfig::SINGLE, (flag.view(),))
     }
 
@@ -869,7 +869,7 @@ impl<'a> Commands<'a> {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn trap(&mut self) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         self.launch(&b.trap, LaunchConfig::SINGLE, ())
     }
 
