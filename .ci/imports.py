@@ -175,7 +175,8 @@ def scan_file(file, path, modules, pending):
                 while j + 1 < len(toks) and toks[j] == "::" and is_ident(toks[j + 1]):
                     raw.append(toks[j + 1])
                     j += 2
-                cur.refs.append(raw)
+                if len(raw) > 1:  # not `super::$name` in a macro
+                    cur.refs.append(raw)
                 i = j
                 continue
         i += 1
@@ -240,8 +241,10 @@ def resolve(path, modules, seen=()):
 
 
 def graph(root_file):
+    """The crate's modules, its graph of files (file -> files it imports),
+    and the items defined in the crate root that other files use."""
     modules = load_crate(root_file)
-    edges = {}
+    edges, root_items = {}, set()
     for m in modules.values():
         edges.setdefault(m.file, set())
         if m.file == root_file:
@@ -253,7 +256,9 @@ def graph(root_file):
             f = resolve(target, modules)
             if f != m.file:
                 edges[m.file].add(f)
-    return modules, edges
+            if f == root_file and target:
+                root_items.add(target[0])
+    return modules, edges, root_items
 
 
 def cycles(edges):
@@ -331,7 +336,7 @@ def main():
     quiet = "-q" in sys.argv[1:]
     failed = False
     for name, root_file in CRATES:
-        modules, edges = graph(root_file)
+        modules, edges, root_items = graph(root_file)
         circles = cycles(edges)
         if circles:
             failed = True
@@ -349,6 +354,10 @@ def main():
                     deps = ", ".join(short(d, root_file) for d in sorted(edges[f]))
                     print(f"   {level[f]:2} {short(f, root_file):24} {deps}")
             print(f"imports: {name}: no circles")
+        if root_items:
+            # Not a failure: the root's own helpers, used by the modules it declares.
+            print(f"imports: {name}: note: items defined in {short(root_file, root_file)} itself "
+                  f"(not re-exports) used by its modules: {', '.join(sorted(root_items))}")
         if root_file == BACKEND[0]:
             backend = [m for m in modules.values() if m.path[:1] == (BACKEND[1],)]
             files = {m.file for m in backend}
