@@ -4,11 +4,12 @@
 //! on the CUDA driver and on the CPU emulation.
 //!
 //! Device addresses are `u64` on both backends (on the CPU, a host address).
+//! The commands the backends execute are described here too ([`RawLaunch`],
+//! [`RawCopy`]): the safe layer above builds them from checked views.
 
 use crate::completion::Completion;
 use crate::error::Result;
 pub(crate) use crate::fork::Generation;
-use crate::kernel::RawLaunch;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -182,6 +183,40 @@ pub(crate) type RawModule = Opaque;
 /// A kernel entry point of a loaded module (it keeps its module loaded).
 pub(crate) type RawFunction = Opaque;
 
+/// The alignment every device allocation has (CUDA's `cuMemAlloc` gives
+/// at least 256 bytes; the CPU emulation allocates so): element types
+/// aligned beyond it are refused in device memory.
+pub(crate) const DEVICE_ALIGN: usize = 256;
+
+/// A launch ready for a backend: the parameters, the grid and both ways to
+/// run the kernel (the GPU's entry point, the CPU body).
+pub(crate) struct RawLaunch<'f> {
+    pub name: &'static str,
+    pub function: &'f RawFunction,
+    /// Blocks in the grid.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    pub params: Box<dyn ErasedParams>,
+}
+
+/// Parameters of any kernel, type-erased for the backends.
+pub(crate) trait ErasedParams: Send {
+    /// One pointer per parameter, in order (for `cuLaunchKernel`).
+    fn pointers(&mut self) -> Vec<*mut std::ffi::c_void>;
+    /// Runs the kernel's CPU body over a grid of `grid` blocks of `block`
+    /// threads (the CPU emulation).
+    fn emulate(&self, grid: u32, block: u32, workers: usize) -> std::result::Result<(), String>;
+}
+
+/// A checked copy of a batch, as addresses (host pointers as integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RawCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: usize,
+}
+
 /// Raw device operations.
 ///
 /// # Safety contract for implementors and callers
@@ -204,7 +239,9 @@ pub(crate) trait Backend: Send + Sync {
     fn info(&self) -> &DeviceInfo;
     /// The first unrecoverable error, if the context is broken.
     fn broken(&self) -> Option<crate::Error>;
-    /// For a backend to recognise another of its kind (peer copies).
+    /// For a backend to recognise another of its kind (peer copies): the
+    /// backend, or the part of it that a peer operation needs (on CUDA, the
+    /// device's shared state).
     fn as_any(&self) -> &dyn std::any::Any;
     /// The device's PCI address (`0000:17:00.0`), where it has one.
     fn pci_bus_id(&self) -> Option<String>;
@@ -335,7 +372,7 @@ pub(crate) trait RawStream: Send + Sync {
     /// Every range valid for its length until completion; no copy's
     /// destination overlaps a range of another copy of the batch, nor its
     /// own source ([`crate::transfer::check`]).
-    unsafe fn copy_batch(&self, copies: &[crate::transfer::RawCopy]) -> Result<()>;
+    unsafe fn copy_batch(&self, copies: &[RawCopy]) -> Result<()>;
     /// Records a point; its completion fires when all work before it is done.
     fn record(&self, timing: bool) -> Result<RawEvent>;
     /// Records a point only other streams wait for: nothing watches it (its

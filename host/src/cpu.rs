@@ -15,12 +15,11 @@
 //!   trap does.
 
 use crate::backend::{
-    Backend, BackendKind, DeviceInfo, Draining, Generation, HostAlloc, HostFlags, RawEvent,
-    RawFunction, RawModule, RawStream, Timer,
+    Backend, BackendKind, DeviceInfo, Draining, Generation, HostAlloc, HostFlags, RawCopy,
+    RawEvent, RawFunction, RawLaunch, RawModule, RawStream, Timer, DEVICE_ALIGN,
 };
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
-use crate::kernel::RawLaunch;
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
@@ -66,9 +65,6 @@ pub(crate) struct CpuBackend {
     policy: LockPolicy,
     device_allocs: Mutex<HashMap<u64, Layout>>,
 }
-
-/// Alignment of emulated device allocations (cudaMalloc gives 256).
-use crate::memory::DEVICE_ALIGN;
 
 impl CpuBackend {
     /// One emulated device (ordinal 0).
@@ -458,7 +454,7 @@ impl RawStream for CpuStream {
         unsafe { self.copy_d2d(dst, src, bytes) }
     }
 
-    unsafe fn copy_batch(&self, copies: &[crate::transfer::RawCopy]) -> Result<()> {
+    unsafe fn copy_batch(&self, copies: &[RawCopy]) -> Result<()> {
         let copies = copies.to_vec();
         self.push(move |_| {
             for c in &copies {
@@ -478,14 +474,15 @@ impl RawStream for CpuStream {
         }
         let RawLaunch {
             name,
-            config,
+            grid,
+            block,
             params,
             ..
         } = launch;
         self.push(move |shared| {
             // The kernel's host build over the grid; a trap or a panic in any
             // thread breaks the emulated context, as a GPU trap does.
-            params.emulate(config, shared.workers).map_err(|what| {
+            params.emulate(grid, block, shared.workers).map_err(|what| {
                 let err = Error::ContextBroken(format!(
                     "kernel `{name}` faulted ({what}; CPU emulation of a GPU trap)"
                 ));

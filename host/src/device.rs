@@ -1,60 +1,10 @@
-//! Choosing and opening a backend: the CUDA driver when a GPU is there, the
-//! CPU emulation otherwise, behind one [`Device`] handle.
+//! The [`Device`] handle: one device and its backend, whichever it is (the
+//! CUDA driver or the CPU emulation); opening one is in `open.rs`.
 
 use crate::backend::{Backend, BackendKind, DeviceInfo, RawStream};
-use crate::cpu::{CpuBackend, LockPolicy};
-use crate::cuda::{CudaBackend, DeviceMemory, WaitMode};
 use crate::error::{Error, Result};
-use crate::kernel::Builtins;
-use std::sync::{Arc, Mutex, Weak};
-
-/// Which backend to open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum BackendChoice {
-    /// CUDA when a driver and a device are present, else the CPU emulation.
-    #[default]
-    Auto,
-    /// CUDA or an error.
-    Cuda,
-    /// The CPU emulation.
-    Cpu,
-}
-
-impl std::str::FromStr for BackendChoice {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" | "" => Ok(BackendChoice::Auto),
-            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
-            "cpu" | "emulation" => Ok(BackendChoice::Cpu),
-            other => Err(Error::InvalidArgument(format!(
-                "unknown backend {other:?}: use auto, cuda or cpu"
-            ))),
-        }
-    }
-}
-
-/// The environment variable that forces a backend (`auto`, `cuda`, `cpu`).
-pub const BACKEND_ENV: &str = "HOST_BACKEND";
-
-/// How to open a device.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DeviceOptions {
-    /// Backend to use.
-    pub backend: BackendChoice,
-    /// Device ordinal (CUDA).
-    pub ordinal: usize,
-    /// How CUDA completion is waited for.
-    pub wait_mode: WaitMode,
-    /// How CUDA device memory is allocated and freed.
-    pub device_memory: DeviceMemory,
-    /// What the CPU backend does when locking memory is refused.
-    pub lock_policy: LockPolicy,
-    /// How many devices the CPU emulation offers [`Device::all`] (0 counts
-    /// as 1; [`DeviceOptions::from_env`] reads [`CPU_DEVICES_ENV`]), so
-    /// multi-device code runs, and is tested, without GPUs.
-    pub emulated_devices: usize,
-}
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// The backend of every open device, by [`Device::id`]: commands that meet
 /// memory of another device (peer copies) find its context here. Weak, so
@@ -70,30 +20,6 @@ pub(crate) fn backend_by_id(id: usize) -> Option<Arc<dyn Backend>> {
         .and_then(|(_, w)| w.upgrade())
 }
 
-/// The environment variable giving the CPU emulation's device count.
-pub const CPU_DEVICES_ENV: &str = "HOST_CPU_DEVICES";
-
-impl DeviceOptions {
-    /// Default options, with the backend taken from `HOST_BACKEND` if set.
-    pub fn from_env() -> Result<Self> {
-        let backend = match std::env::var(BACKEND_ENV) {
-            Ok(v) => v.parse()?,
-            Err(_) => BackendChoice::Auto,
-        };
-        let emulated_devices = match std::env::var(CPU_DEVICES_ENV) {
-            Ok(v) => v.trim().parse().map_err(|_| {
-                Error::InvalidArgument(format!("{CPU_DEVICES_ENV}={v:?}: expected a count"))
-            })?,
-            Err(_) => 1,
-        };
-        Ok(DeviceOptions {
-            backend,
-            emulated_devices,
-            ..Default::default()
-        })
-    }
-}
-
 /// A handle to one device and its backend; cheap to clone.
 #[derive(Clone)]
 pub struct Device {
@@ -103,8 +29,10 @@ pub struct Device {
     pub(crate) live_buffers: Arc<std::sync::atomic::AtomicUsize>,
     /// The streams opened on this device (for `synchronize`).
     streams: Arc<Mutex<Vec<Weak<dyn RawStream>>>>,
-    /// The in-tree kernels, loaded at open (lazily for `Device::cpu`).
-    builtins: Arc<std::sync::OnceLock<Builtins>>,
+    /// The in-tree kernels, loaded at open (lazily for `Device::cpu`): the
+    /// kernel layer's `Builtins`, held without naming them (kernels are
+    /// built on devices, above them).
+    builtins: Arc<OnceLock<Box<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -114,84 +42,6 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Opens a device as `opts` says.
-    ///
-    /// # Errors
-    /// `BackendUnavailable` (CUDA forced without a driver), `NoSuchDevice`,
-    /// or the driver's error (the in-tree kernels' PTX is loaded here).
-    pub fn open(opts: DeviceOptions) -> Result<Device> {
-        let device = Self::open_backend(opts)?;
-        device.builtins()?;
-        Ok(device)
-    }
-
-    fn open_backend(opts: DeviceOptions) -> Result<Device> {
-        match opts.backend {
-            BackendChoice::Cuda => {
-                let b = CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory)?;
-                Ok(Self::wrap(Arc::new(b), "forced".into()))
-            }
-            BackendChoice::Cpu => Self::open_cpu(opts, "forced".into()),
-            BackendChoice::Auto => {
-                match CudaBackend::new(opts.ordinal, opts.wait_mode, opts.device_memory) {
-                    Ok(b) => Ok(Self::wrap(Arc::new(b), "auto: CUDA device found".into())),
-                    Err(e @ Error::NoSuchDevice { count, .. }) if count > 0 => Err(e),
-                    Err(e) => Self::open_cpu(opts, format!("auto: no usable GPU ({e})").into()),
-                }
-            }
-        }
-    }
-
-    /// The emulated device `opts.ordinal` of `opts.emulated_devices`.
-    fn open_cpu(opts: DeviceOptions, note: Arc<str>) -> Result<Device> {
-        let count = opts.emulated_devices.max(1);
-        if opts.ordinal >= count {
-            return Err(Error::NoSuchDevice {
-                index: opts.ordinal,
-                count,
-            });
-        }
-        Ok(Self::wrap(
-            Arc::new(CpuBackend::with_ordinal(opts.lock_policy, opts.ordinal)),
-            note,
-        ))
-    }
-
-    /// Every device of the backend `opts` chooses (its `ordinal` aside),
-    /// in ordinal order, with direct peer copies enabled between each pair
-    /// where the topology allows ([`Device::enable_peer_access`]). On the
-    /// CPU emulation, `opts.emulated_devices` devices.
-    ///
-    /// # Errors
-    /// As [`Device::open`], for any of them.
-    pub fn all(opts: DeviceOptions) -> Result<Vec<Device>> {
-        let first = Device::open(DeviceOptions { ordinal: 0, ..opts })?;
-        let count = match first.kind() {
-            BackendKind::Cuda => crate::cuda::device_count()?,
-            BackendKind::Cpu => opts.emulated_devices.max(1),
-        };
-        let choice = match first.kind() {
-            BackendKind::Cuda => BackendChoice::Cuda,
-            BackendKind::Cpu => BackendChoice::Cpu,
-        };
-        let mut all = vec![first];
-        for ordinal in 1..count {
-            all.push(Device::open(DeviceOptions {
-                backend: choice,
-                ordinal,
-                ..opts
-            })?);
-        }
-        for a in &all {
-            for b in &all {
-                if a.id() != b.id() {
-                    a.enable_peer_access(b)?;
-                }
-            }
-        }
-        Ok(all)
-    }
-
     /// The device's ordinal among those of its backend.
     pub fn ordinal(&self) -> usize {
         self.info().ordinal
@@ -226,19 +76,6 @@ impl Device {
     pub fn numa_node(&self) -> Option<u32> {
         let id = self.pci_bus_id()?;
         crate::numa::node_of_pci_in(std::path::Path::new(crate::numa::SYSFS), &id)
-    }
-
-    /// Opens the device chosen by `HOST_BACKEND` (default: auto).
-    pub fn from_env() -> Result<Device> {
-        Self::open(DeviceOptions::from_env()?)
-    }
-
-    /// The CPU emulation backend.
-    pub fn cpu() -> Device {
-        Self::wrap(
-            Arc::new(CpuBackend::new(LockPolicy::default())),
-            "forced".into(),
-        )
     }
 
     pub(crate) fn wrap(backend: Arc<dyn Backend>, note: Arc<str>) -> Device {
@@ -344,14 +181,22 @@ impl Device {
         streams.push(Arc::downgrade(raw));
     }
 
-    /// The in-tree kernels of `gpu-kernels` on this device.
-    pub(crate) fn builtins(&self) -> Result<&Builtins> {
-        if let Some(b) = self.builtins.get() {
-            return Ok(b);
-        }
-        let loaded = Builtins::load(self)?;
-        // Another thread may have won the race; either copy is the same.
-        Ok(self.builtins.get_or_init(|| loaded))
+    /// The in-tree kernels of `gpu-kernels` on this device, loaded by `load`
+    /// the first time (`Builtins::of`).
+    pub(crate) fn builtins<T: Any + Send + Sync>(
+        &self,
+        load: impl FnOnce(&Device) -> Result<T>,
+    ) -> Result<&T> {
+        let slot = match self.builtins.get() {
+            Some(b) => b,
+            None => {
+                let loaded = load(self)?;
+                // Another thread may have won the race; either copy is the same.
+                self.builtins.get_or_init(|| Box::new(loaded))
+            }
+        };
+        slot.downcast_ref()
+            .ok_or_else(|| Error::Internal("the in-tree kernels' slot holds another type".into()))
     }
 
     /// Identity used to reject mixing buffers of different devices.

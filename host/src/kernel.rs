@@ -14,7 +14,7 @@
 //! crate: every thread of the grid, blocks spread over the stream's worker
 //! threads ([`kernel_abi::thread::emulate`]).
 
-use crate::backend::RawFunction;
+use crate::backend::{ErasedParams, RawFunction};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceSlice, DeviceSliceMut};
@@ -301,23 +301,6 @@ pub(crate) fn check_overlaps(
     Ok(())
 }
 
-/// A launch ready for a backend: the parameters, the configuration and
-/// both ways to run the kernel (the GPU's entry point, the CPU body).
-pub(crate) struct RawLaunch<'f> {
-    pub name: &'static str,
-    pub function: &'f RawFunction,
-    pub config: LaunchConfig,
-    pub params: Box<dyn ErasedParams>,
-}
-
-/// Parameters of any kernel, type-erased for the backends.
-pub(crate) trait ErasedParams: Send {
-    /// One pointer per parameter, in order (for `cuLaunchKernel`).
-    fn pointers(&mut self) -> Vec<*mut std::ffi::c_void>;
-    /// Runs the kernel's CPU body over the grid (the CPU emulation).
-    fn emulate(&self, config: LaunchConfig, workers: usize) -> std::result::Result<(), String>;
-}
-
 /// The parameters of kernel `K`, with the knowledge of how to run it.
 pub(crate) struct TypedParams<K: KernelDecl>(pub K::Params);
 
@@ -338,10 +321,10 @@ impl<K: KernelDecl> ErasedParams for TypedParams<K> {
         v
     }
 
-    fn emulate(&self, config: LaunchConfig, workers: usize) -> std::result::Result<(), String> {
+    fn emulate(&self, grid: u32, block: u32, workers: usize) -> std::result::Result<(), String> {
         let params = SharedParams(self.0);
         let params = &params;
-        kernel_abi::thread::emulate(config.grid, config.block, workers, &move || {
+        kernel_abi::thread::emulate(grid, block, workers, &move || {
             // SAFETY: the kernel's contract holds: its slices come from views
             // checked by the host layer, valid until the launch completes.
             unsafe { K::thread(params.0) }
@@ -396,7 +379,12 @@ pub(crate) struct Builtins {
 }
 
 impl Builtins {
-    pub fn load(device: &Device) -> Result<Builtins> {
+    /// The in-tree kernels on `device`, loaded the first time.
+    pub fn of(device: &Device) -> Result<&Builtins> {
+        device.builtins(Builtins::load)
+    }
+
+    fn load(device: &Device) -> Result<Builtins> {
         // SAFETY: `ptx::PTX` is gpu-kernels' PTX, built by this crate's
         // build script from the crate that declares the kernels taken below.
         let m = unsafe { Module::from_ptx(device, crate::ptx::PTX)? };

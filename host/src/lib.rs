@@ -50,6 +50,7 @@ mod kernel;
 mod memory;
 mod multi;
 mod numa;
+mod open;
 mod pipeline;
 mod pool;
 pub mod ptx;
@@ -67,7 +68,7 @@ pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
-pub use device::{BackendChoice, Device, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
+pub use device::Device;
 pub use error::{Error, JobError, Result};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
@@ -81,8 +82,9 @@ pub use memory::{
 };
 pub use multi::{MultiJob, MultiPipeline};
 pub use numa::online_nodes;
+pub use open::{BackendChoice, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
 pub use pipeline::{
-    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo,
+    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo, Timeline,
     AUTO_CHUNK_COST_BYTES,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};

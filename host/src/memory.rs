@@ -2,7 +2,7 @@
 //! device buffers, a device-mapped flag, and the borrowed slices that stream
 //! commands take.
 
-use crate::backend::{HostAlloc, HostFlags};
+use crate::backend::{HostAlloc, HostFlags, DEVICE_ALIGN};
 use crate::device::Device;
 use crate::error::{byte_size, Error, Result};
 use bytemuck::Pod;
@@ -42,11 +42,6 @@ impl<T: Pod> std::fmt::Debug for PinnedBuffer<T> {
             .finish()
     }
 }
-
-/// The alignment every device allocation has (CUDA's `cuMemAlloc` gives
-/// at least 256 bytes; the CPU emulation allocates so): element types
-/// aligned beyond it are refused in device memory.
-pub(crate) const DEVICE_ALIGN: usize = 256;
 
 /// Refuses element types aligned beyond [`DEVICE_ALIGN`] for device memory.
 pub(crate) fn check_device_align<T>() -> Result<()> {

@@ -31,6 +31,7 @@
 //! A run is one [`Job`] owning the input, the output and the device buffers
 //! until the last stream is done, so dropping it early frees nothing in use.
 
+use crate::completion::Completion;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
@@ -319,6 +320,24 @@ pub struct ChunkEvents {
     pub events: [Mark; 4],
 }
 
+/// Whether a run records its timeline: four timed points of each chunk
+/// ([`RunInfo::timeline`]), for a timeline plot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Timeline {
+    /// No timed points.
+    #[default]
+    Off,
+    /// Each chunk's points before H2D, after H2D, after the stage and after
+    /// D2H ([`ChunkEvents`]).
+    Record,
+}
+
+impl Timeline {
+    fn records(self) -> bool {
+        self == Timeline::Record
+    }
+}
+
 /// What a run hands back besides the buffers.
 #[derive(Debug)]
 pub struct RunInfo {
@@ -347,6 +366,16 @@ struct RunState {
     /// may start while the previous one drains, yet never overwrites a buffer
     /// still being read, whatever the two runs' layouts.
     free: Vec<Option<Mark>>,
+}
+
+impl RunState {
+    /// Lets go of the scratch, so the next run gets fresh buffers (the old
+    /// ones stay alive with the jobs that use them, or are kept for ever).
+    fn discard(&mut self) {
+        self.scratch.clear();
+        self.free.clear();
+        self.shape = (Vec::new(), 0);
+    }
 }
 
 /// One host array of a pipeline run: pinned memory of one element type
@@ -749,7 +778,7 @@ impl Pipeline {
         mut output: O,
         kernel: Kernel,
         plan: Plan,
-        timeline: bool,
+        timeline: Timeline,
     ) -> Job<(I, O), RunInfo>
     where
         I: PinnedHost<f32> + Send + 'static,
@@ -825,7 +854,7 @@ impl Pipeline {
             (outs, vec![0]),
             &[4],
             plan,
-            false,
+            Timeline::Off,
             &stage,
         )
     }
@@ -846,7 +875,7 @@ impl Pipeline {
     /// let n = 10_000_000;
     /// let (x, y, out) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
     /// let (((x, y), (out,)), _) = pipe
-    ///     .run_stage((x, y), (out,), host::Plan::auto(n), false, |c, chunk| {
+    ///     .run_stage((x, y), (out,), host::Plan::auto(n), host::Timeline::Off, |c, chunk| {
     ///         let y_out = chunk.output::<f32>(0)?;
     ///         c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
     ///         c.saxpy(2.0, chunk.input::<f32>(0)?, y_out)
@@ -867,7 +896,7 @@ impl Pipeline {
         inputs: I,
         mut outputs: O,
         plan: Plan,
-        timeline: bool,
+        timeline: Timeline,
         stage: F,
     ) -> Job<(I, O), RunInfo>
     where
@@ -898,86 +927,19 @@ impl Pipeline {
         (outs, out_at): (Vec<Erased>, Vec<usize>),
         sizes: &[usize],
         plan: Plan,
-        timeline: bool,
+        timeline: Timeline,
         stage: StageFn<'_>,
     ) -> Job<B, RunInfo> {
-        let n = ins.first().map_or(0, |a| a.len);
-        let streams = plan.streams_used();
-        let checked = ins
-            .iter()
-            .chain(&outs)
-            .try_for_each(|a| {
-                crate::memory::check_len("pipeline (every array vs the first input)", n, a.len)?;
-                if a.device_id != self.device.host_domain() {
-                    return Err(Error::InvalidArgument(
-                        "host memory of another backend was given to this pipeline".into(),
-                    ));
-                }
-                Ok(())
-            })
-            .and_then(|_| plan.validate(n))
-            .and_then(|_| {
-                if streams > self.streams.len() {
-                    return Err(Error::InvalidArgument(format!(
-                        "plan wants {} streams, the pipeline has {}",
-                        streams,
-                        self.streams.len()
-                    )));
-                }
-                Ok(())
-            });
-        if let Err(e) = checked {
-            return Job::failed(e, Some(bundle));
-        }
-        let ranges = plan.ranges(n);
-        // An engines ring needs no more buffers than there are chunks: a
-        // larger slot count would only allocate device scratch never used.
-        let slots = match plan.layout {
-            Layout::Engines { slots } => slots.min(ranges.len()).max(1),
-            Layout::RoundRobin { .. } => plan.slots(),
+        let chunks = match self.plan_chunks(&ins, &outs, &plan) {
+            Ok(chunks) => chunks,
+            Err(e) => return Job::failed(e, Some(bundle)),
         };
-        let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
-        // One run's commands reach each stream as one unbroken sequence, and
-        // each slot's first use waits for its last use by earlier runs
-        // (`RunState::free`), so runs may start from many tasks at once. The
-        // lock covers enqueueing only, microseconds; never a wait. A stage
-        // runs under it, so a stage starting a run of this same pipeline
-        // would wait for itself: refused instead.
-        let me = std::ptr::from_ref(&self.state) as usize;
-        if IN_STAGE.with(|s| s.borrow().contains(&me)) {
-            return Job::failed(
-                Error::InvalidArgument(
-                    "a pipeline stage started a run of its own pipeline (it would wait \
-                     for itself): use another Pipeline, or the stage's Commands"
-                        .into(),
-                ),
-                Some(bundle),
-            );
-        }
-        let mut guard =
-            if IN_STAGE.with(|s| s.borrow().is_empty()) {
-                crate::completion::lock(&self.state)
-            } else {
-                // From another pipeline's stage, which holds that pipeline's
-                // lock: two pipelines whose stages start runs of each other
-                // would each wait for the other's lock for ever. Waited for a
-                // while (another run's enqueueing takes microseconds), then
-                // refused, never waited for without end.
-                match try_lock_for(&self.state, std::time::Duration::from_millis(20)) {
-                    Some(g) => g,
-                    None => return Job::failed(
-                        Error::InvalidArgument(
-                            "a pipeline stage started a run of another pipeline whose lock stayed \
-                             taken (its own stage may be starting a run of this one: the two \
-                             would wait for each other); start the run outside the stage"
-                                .into(),
-                        ),
-                        Some(bundle),
-                    ),
-                }
-            };
+        let mut guard = match self.lock_for_run() {
+            Ok(guard) => guard,
+            Err(e) => return Job::failed(e, Some(bundle)),
+        };
         let st = &mut *guard;
-        let scratch = match self.scratch(st, slots, sizes, longest) {
+        let scratch = match self.scratch(st, chunks.slots, sizes, chunks.longest) {
             Ok(s) => s,
             Err(e) => {
                 drop(guard);
@@ -993,8 +955,8 @@ impl Pipeline {
             scratch: &scratch,
             device_id: self.device.id(),
         };
-        let mut events = timeline.then(Vec::new);
-        let mut cmds: Vec<Commands<'_>> = self.streams[..streams]
+        let mut events = timeline.records().then(Vec::new);
+        let mut cmds: Vec<Commands<'_>> = self.streams[..chunks.streams]
             .iter()
             // SAFETY: every address given to these commands belongs to the
             // bundle's arrays or to `scratch`, which the returned job owns
@@ -1003,84 +965,167 @@ impl Pipeline {
             // owns them).
             .map(|s| unsafe { Commands::unbound(s) })
             .collect();
-        let mut enqueue = || -> Result<()> {
-            if let Layout::Engines { .. } = plan.layout {
-                return enqueue_engines(&mut cmds, &ranges, &layout, free, stage, events.as_mut());
-            }
-            let mut chained: Option<Mark> = None;
-            for (i, r) in ranges.iter().cloned().enumerate() {
-                let s = i % streams;
-                let c = &mut cmds[s];
-                if let Some(prev) = free[s].take() {
-                    c.wait_mark(&prev)?;
+        let (outcome, panicked) = self.in_stage(|| {
+            let (ranges, events) = (&chunks.ranges, events.as_mut());
+            match plan.layout {
+                Layout::Engines { .. } => {
+                    enqueue_engines(&mut cmds, ranges, &layout, free, stage, events)
                 }
-                if let Some(prev) = chained.take() {
-                    c.wait_mark(&prev)?;
-                }
-                let t0 = timeline.then(|| c.marker(true)).transpose()?;
-                layout.copy_in(c, &r, s)?;
-                if let Layout::RoundRobin { chain: true, .. } = plan.layout {
-                    chained = Some(c.marker(false)?);
-                }
-                let t1 = timeline.then(|| c.marker(true)).transpose()?;
-                stage(c, &layout.chunk(i, r.clone(), s))?;
-                let t2 = timeline.then(|| c.marker(true)).transpose()?;
-                layout.copy_out(c, &r, s)?;
-                if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events.as_mut(), t0, t1, t2) {
-                    let t3 = c.marker(true)?;
-                    ev.push(ChunkEvents {
-                        chunk: i,
-                        stream: s,
-                        events: [t0, t1, t2, t3],
-                    });
+                Layout::RoundRobin { chain, .. } => {
+                    enqueue_round_robin(&mut cmds, ranges, &layout, chain, free, stage, events)
                 }
             }
-            // Each stream's slot is free once the stream has passed this point.
-            for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
-                free[s] = Some(c.marker(false)?);
+        });
+        let enqueued: usize = cmds.iter().map(|c| c.enqueued()).sum();
+        drop(cmds);
+        drop(layout);
+        let engines_done = matches!(plan.layout, Layout::Engines { .. }) && outcome.is_ok();
+        let joined = self
+            .join(chunks.streams, engines_done)
+            .map(Event::into_completion);
+        if outcome.is_err() || joined.is_err() {
+            // This run stopped part-way (or its end can't be observed), so the
+            // next run can't be ordered after its use of the buffers.
+            guard.discard();
+        }
+        drop(guard);
+        let info = RunInfo {
+            plan,
+            timeline: events,
+        };
+        self.finish(
+            (bundle, scratch),
+            (outcome, panicked),
+            joined,
+            enqueued,
+            info,
+        )
+    }
+
+    /// Plans a run's chunks: every array as long as the first input and of
+    /// this pipeline's host memory, the plan valid for that length and no
+    /// wider than the pipeline.
+    fn plan_chunks(&self, ins: &[Erased], outs: &[Erased], plan: &Plan) -> Result<Chunks> {
+        let n = ins.first().map_or(0, |a| a.len);
+        let streams = plan.streams_used();
+        ins.iter().chain(outs).try_for_each(|a| {
+            crate::memory::check_len("pipeline (every array vs the first input)", n, a.len)?;
+            if a.device_id != self.device.host_domain() {
+                return Err(Error::InvalidArgument(
+                    "host memory of another backend was given to this pipeline".into(),
+                ));
             }
             Ok(())
+        })?;
+        plan.validate(n)?;
+        if streams > self.streams.len() {
+            return Err(Error::InvalidArgument(format!(
+                "plan wants {} streams, the pipeline has {}",
+                streams,
+                self.streams.len()
+            )));
+        }
+        let ranges = plan.ranges(n);
+        // An engines ring needs no more buffers than there are chunks: a
+        // larger slot count would only allocate device scratch never used.
+        let slots = match plan.layout {
+            Layout::Engines { slots } => slots.min(ranges.len()).max(1),
+            Layout::RoundRobin { .. } => plan.slots(),
         };
-        // A panic in the stage must not free the bundle under the commands
-        // already queued: caught here, it ends the run like an error (the
-        // bundle is dropped once that work is done), then goes on.
+        let longest = ranges.iter().map(|r| r.len()).max().unwrap_or(1).max(1);
+        Ok(Chunks {
+            ranges,
+            streams,
+            slots,
+            longest,
+        })
+    }
+
+    /// This pipeline, as `IN_STAGE` lists it.
+    fn key(&self) -> usize {
+        std::ptr::from_ref(&self.state) as usize
+    }
+
+    /// The lock a run is enqueued under. One run's commands reach each
+    /// stream as one unbroken sequence, and each slot's first use waits for
+    /// its last use by earlier runs (`RunState::free`), so runs may start
+    /// from many tasks at once. The lock covers enqueueing only,
+    /// microseconds; never a wait. A stage runs under it, so a stage
+    /// starting a run of this same pipeline would wait for itself: refused
+    /// instead.
+    fn lock_for_run(&self) -> Result<std::sync::MutexGuard<'_, RunState>> {
+        let me = self.key();
+        if IN_STAGE.with(|s| s.borrow().contains(&me)) {
+            return Err(Error::InvalidArgument(
+                "a pipeline stage started a run of its own pipeline (it would wait \
+                 for itself): use another Pipeline, or the stage's Commands"
+                    .into(),
+            ));
+        }
+        if IN_STAGE.with(|s| s.borrow().is_empty()) {
+            return Ok(crate::completion::lock(&self.state));
+        }
+        // From another pipeline's stage, which holds that pipeline's lock:
+        // two pipelines whose stages start runs of each other would each
+        // wait for the other's lock for ever. Waited for a while (another
+        // run's enqueueing takes microseconds), then refused, never waited
+        // for without end.
+        try_lock_for(&self.state, std::time::Duration::from_millis(20)).ok_or_else(|| {
+            Error::InvalidArgument(
+                "a pipeline stage started a run of another pipeline whose lock stayed \
+                 taken (its own stage may be starting a run of this one: the two \
+                 would wait for each other); start the run outside the stage"
+                    .into(),
+            )
+        })
+    }
+
+    /// Runs `enqueue` with this pipeline listed in `IN_STAGE`. A panic in
+    /// the stage must not free the bundle under the commands already queued:
+    /// caught here, it ends the run like an error (the bundle is dropped
+    /// once that work is done), and is handed back to resume.
+    fn in_stage(&self, enqueue: impl FnOnce() -> Result<()>) -> (Result<()>, Option<Panic>) {
+        let me = self.key();
         IN_STAGE.with(|s| s.borrow_mut().push(me));
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut enqueue));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(enqueue));
         IN_STAGE.with(|s| s.borrow_mut().retain(|&p| p != me));
-        let (outcome, panicked) = match caught {
+        match caught {
             Ok(outcome) => (outcome, None),
             Err(panic) => (
                 Err(Error::Internal("a pipeline stage panicked".into())),
                 Some(panic),
             ),
-        };
-        let enqueued: usize = cmds.iter().map(|c| c.enqueued()).sum();
-        drop(cmds);
-        drop(layout);
-        // Join the streams on the GPU: stream 0 waits for a marker of every
-        // other stream, and one point recorded after that ends the run. One
-        // watcher wakes the caller, instead of one per stream.
-        let last = || -> Result<Event> {
-            if matches!(plan.layout, Layout::Engines { .. }) && outcome.is_ok() {
-                // The last D2H comes after every other command of the run.
-                return self.streams[2].record();
-            }
-            let first = &self.streams[0];
-            for s in &self.streams[1..streams] {
-                first.wait_mark(&s.marker()?)?;
-            }
-            first.record()
-        };
-        let joined = last().map(Event::into_completion);
-        if outcome.is_err() || joined.is_err() {
-            // This run stopped part-way (or its end can't be observed), so the
-            // next run can't be ordered after its use of the buffers: it gets
-            // fresh ones (this run's stay alive with its job, or are kept below).
-            guard.scratch.clear();
-            guard.free.clear();
-            guard.shape = (Vec::new(), 0);
         }
-        drop(guard);
+    }
+
+    /// Joins a run's `streams` on the GPU: stream 0 waits for a marker of
+    /// every other stream, and one point recorded after that ends the run.
+    /// One watcher wakes the caller, instead of one per stream. A complete
+    /// engines run (`engines_done`) ends with its last D2H, on stream 2.
+    fn join(&self, streams: usize, engines_done: bool) -> Result<Event> {
+        if engines_done {
+            // The last D2H comes after every other command of the run.
+            return self.streams[2].record();
+        }
+        let first = &self.streams[0];
+        for s in &self.streams[1..streams] {
+            first.wait_mark(&s.marker()?)?;
+        }
+        first.record()
+    }
+
+    /// The job of a run whose enqueueing ended with `outcome` (and a caught
+    /// panic, resumed here) and whose end on the GPU is `joined`: it owns
+    /// `bundle` and `scratch` until then. When that end can't be observed
+    /// after work was queued on a live context, they are never freed.
+    fn finish<B: Send + 'static>(
+        &self,
+        (bundle, scratch): (B, Scratch),
+        (outcome, panicked): (Result<()>, Option<Panic>),
+        joined: Result<Completion>,
+        enqueued: usize,
+        info: RunInfo,
+    ) -> Job<B, RunInfo> {
         if let Some(panic) = panicked {
             let held = (bundle, scratch);
             match joined {
@@ -1092,10 +1137,7 @@ impl Pipeline {
         }
         match joined {
             Ok(all) => {
-                let value = outcome.map(|()| RunInfo {
-                    plan,
-                    timeline: events,
-                });
+                let value = outcome.map(|()| info);
                 Job::from_parts(all, bundle, value, Some(Box::new(scratch)))
             }
             Err(e) => {
@@ -1111,6 +1153,87 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// A run's device scratch: per slot, one buffer per scratch array.
+type Scratch = Vec<Vec<Arc<DeviceBuffer<u8>>>>;
+
+/// A caught panic's payload.
+type Panic = Box<dyn std::any::Any + Send + 'static>;
+
+/// A run's chunks and the streams and slots they need.
+struct Chunks {
+    /// Each chunk's elements, in order.
+    ranges: Vec<Range<usize>>,
+    /// Streams the plan uses.
+    streams: usize,
+    /// Sets of device buffers.
+    slots: usize,
+    /// Elements of the longest chunk (at least 1): each buffer's length.
+    longest: usize,
+}
+
+/// Enqueues a run in the round-robin layout: chunk `i` on stream
+/// `i % streams` (`cmds`), in that stream's slot, after that slot's last use
+/// by an earlier run and, when `chain`, after the previous chunk's copy-in.
+fn enqueue_round_robin<'a>(
+    cmds: &mut [Commands<'a>],
+    ranges: &[Range<usize>],
+    layout: &Placement<'_>,
+    chain: bool,
+    free: &mut [Option<Mark>],
+    stage: StageFn<'_>,
+    mut events: Option<&mut Vec<ChunkEvents>>,
+) -> Result<()> {
+    let streams = cmds.len();
+    let mut chained: Option<Mark> = None;
+    for (i, r) in ranges.iter().cloned().enumerate() {
+        let s = i % streams;
+        let c = &mut cmds[s];
+        if let Some(prev) = free[s].take() {
+            c.wait_mark(&prev)?;
+        }
+        if let Some(prev) = chained.take() {
+            c.wait_mark(&prev)?;
+        }
+        chained = enqueue_chunk(c, (i, r), s, layout, chain, stage, events.as_deref_mut())?;
+    }
+    // Each stream's slot is free once the stream has passed this point.
+    for (s, c) in cmds.iter_mut().enumerate().take(ranges.len()) {
+        free[s] = Some(c.marker(false)?);
+    }
+    Ok(())
+}
+
+/// Enqueues chunk `i` (elements `r`) on `c`, in `slot`: copy in, the stage,
+/// copy out, with the chunk's four timed points when `events` records them.
+/// Returns, when `chain`, the point after its copy-in.
+fn enqueue_chunk(
+    c: &mut Commands<'_>,
+    (i, r): (usize, Range<usize>),
+    slot: usize,
+    layout: &Placement<'_>,
+    chain: bool,
+    stage: StageFn<'_>,
+    events: Option<&mut Vec<ChunkEvents>>,
+) -> Result<Option<Mark>> {
+    let timeline = events.is_some();
+    let t0 = timeline.then(|| c.marker(true)).transpose()?;
+    layout.copy_in(c, &r, slot)?;
+    let chained = if chain { Some(c.marker(false)?) } else { None };
+    let t1 = timeline.then(|| c.marker(true)).transpose()?;
+    stage(c, &layout.chunk(i, r.clone(), slot))?;
+    let t2 = timeline.then(|| c.marker(true)).transpose()?;
+    layout.copy_out(c, &r, slot)?;
+    if let (Some(ev), Some(t0), Some(t1), Some(t2)) = (events, t0, t1, t2) {
+        let t3 = c.marker(true)?;
+        ev.push(ChunkEvents {
+            chunk: i,
+            stream: slot,
+            events: [t0, t1, t2, t3],
+        });
+    }
+    Ok(chained)
 }
 
 /// Enqueues a run in the engines layout: copy-in, compute and copy-out

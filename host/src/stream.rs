@@ -14,11 +14,11 @@
 //! The futures are runtime-agnostic (tokio, `futures::executor::block_on`,
 //! anything): the backend's completion source wakes them; nothing polls.
 
-use crate::backend::{RawEvent, RawStream};
+use crate::backend::{RawCopy, RawEvent, RawLaunch, RawStream};
 use crate::completion::{Completion, Wait};
 use crate::device::Device;
 use crate::error::{Error, JobError, Result};
-use crate::kernel::{check_overlaps, Args, Function, Kernel, LaunchConfig, RawLaunch, TypedParams};
+use crate::kernel::{check_overlaps, Args, Builtins, Function, Kernel, LaunchConfig, TypedParams};
 use crate::memory::{check_len, overlaps, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 use bytemuck::Pod;
 use std::future::Future;
@@ -642,7 +642,6 @@ impl<'a> Commands<'a> {
         &mut self,
         transfers: impl IntoIterator<Item = crate::Transfer<'a, T>>,
     ) -> Result<()> {
-        use crate::transfer::RawCopy;
         use crate::Transfer;
         let size = std::mem::size_of::<T>();
         let mut copies = Vec::new();
@@ -811,7 +810,8 @@ impl<'a> Commands<'a> {
         let launch = RawLaunch {
             name: K::NAME,
             function: &f.raw,
-            config,
+            grid: config.grid,
+            block: config.block,
             params: Box::new(TypedParams::<K>(params)),
         };
         // SAFETY: every device range in the parameters comes from a view
@@ -832,7 +832,7 @@ impl<'a> Commands<'a> {
     /// # Errors
     /// `InvalidArgument` for memory of another device.
     pub fn kernel(&mut self, kernel: Kernel, x: DeviceSliceMut<'a, f32>) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         // Grid-stride over 16-byte vectors.
         let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
         match kernel {
@@ -855,7 +855,7 @@ impl<'a> Commands<'a> {
     ) -> Result<()> {
         let x = x.into();
         check_len("saxpy (y vs x)", x.len, y.len)?;
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         let config = LaunchConfig::grid_stride(self.device, x.len.div_ceil(4));
         // Elementwise: each thread reads x[i] and y[i] and writes y[i] only,
         // so x may be y itself.
@@ -867,7 +867,7 @@ impl<'a> Commands<'a> {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn gate(&mut self, flag: &'a crate::memory::MappedFlag) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         self.launch(&b.gate_wait, LaunchConfig::SINGLE, (flag.view(),))
     }
 
@@ -875,7 +875,7 @@ impl<'a> Commands<'a> {
     #[cfg(feature = "hooks")]
     #[doc(hidden)]
     pub fn trap(&mut self) -> Result<()> {
-        let b = self.device.builtins()?;
+        let b = Builtins::of(self.device)?;
         self.launch(&b.trap, LaunchConfig::SINGLE, ())
     }
 

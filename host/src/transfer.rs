@@ -8,6 +8,7 @@
 //! ordered among themselves, so no copy of a batch may write memory that
 //! another copy of it reads or writes; [`check`] enforces that.
 
+use crate::backend::RawCopy;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut};
 
@@ -59,14 +60,6 @@ impl<'a, T> Transfer<'a, T> {
             dst,
         }
     }
-}
-
-/// A checked copy of a batch, as addresses (host pointers as integers).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RawCopy {
-    pub dst: u64,
-    pub src: u64,
-    pub bytes: usize,
 }
 
 /// No copy's destination overlaps another copy's source or destination

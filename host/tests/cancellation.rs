@@ -63,7 +63,7 @@ fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing(device: host::
         };
         let what = rng.u8(0..4);
         if round % 2 == 0 {
-            let mut run = pipe.run(input, output, kernel, plan, false);
+            let mut run = pipe.run(input, output, kernel, plan, host::Timeline::Off);
             match what {
                 0 => drop(run), // dropped before any poll
                 1 => {
@@ -142,7 +142,7 @@ fn a_dropped_pipeline_run_keeps_its_device_scratch_until_the_gpu_is_done(device:
         output,
         Kernel::Scale { s: 2.0 },
         Plan::uniform(4, 2),
-        false,
+        host::Timeline::Off,
     );
     let before = device.live_device_buffers();
     assert_eq!(before, 2, "one scratch buffer per stream");
@@ -156,7 +156,7 @@ fn a_dropped_pipeline_run_keeps_its_device_scratch_until_the_gpu_is_done(device:
         output,
         Kernel::Scale { s: 2.0 },
         Plan::uniform(2, 2),
-        false,
+        host::Timeline::Off,
     );
     assert_eq!(
         device.live_device_buffers(),
@@ -211,7 +211,10 @@ fn pipeline_runs_started_from_many_tasks_at_once_all_verify(device: host::Device
                     } else {
                         Plan::engines(8, 3)
                     };
-                    let ((i, o), _) = pipe.run(input, output, kernel, plan, false).await.unwrap();
+                    let ((i, o), _) = pipe
+                        .run(input, output, kernel, plan, host::Timeline::Off)
+                        .await
+                        .unwrap();
                     let (checked, bad) = verify(kernel, i.as_slice(), o.as_slice());
                     assert_eq!((checked, bad), (n, 0), "task {t} round {round}");
                 }

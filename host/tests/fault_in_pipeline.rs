@@ -38,7 +38,7 @@ fn a_trap_mid_pipeline_fails_every_awaiting_task_and_releases_everything(device:
                             } else {
                                 Plan::engines(8, 3)
                             },
-                            false,
+                            host::Timeline::Off,
                         )
                         .await
                     {

@@ -622,7 +622,11 @@ fn back_to_back_pipeline_runs_of_mixed_layouts_share_scratch_safely(device: host
         let kernel = Kernel::Intensity {
             k: 1 + k as u32 % 8,
         };
-        jobs.push((kernel, plan, pipe.run(input, output, kernel, plan, false)));
+        jobs.push((
+            kernel,
+            plan,
+            pipe.run(input, output, kernel, plan, host::Timeline::Off),
+        ));
     }
     for (kernel, plan, job) in jobs {
         let ((i, o), info) = block_on(job).unwrap();
@@ -669,7 +673,13 @@ fn zero_length_work_and_mismatched_kernel_arguments(device: host::Device) {
     // A zero-length pipeline run: accepted, nothing to do.
     let pipe = host::Pipeline::new(&device, 3).unwrap();
     let (i, o) = (pool.alloc::<f32>(0).unwrap(), pool.alloc::<f32>(0).unwrap());
-    let run = pipe.run(i, o, Kernel::Scale { s: 2.0 }, host::Plan::auto(0), false);
+    let run = pipe.run(
+        i,
+        o,
+        Kernel::Scale { s: 2.0 },
+        host::Plan::auto(0),
+        host::Timeline::Off,
+    );
     assert!(block_on(run).is_ok());
     // Kernel arguments that don't fit: saxpy over x and y of different lengths.
     let (x, y) = (
@@ -709,7 +719,7 @@ fn zero_length_work_and_mismatched_kernel_arguments(device: host::Device) {
         o,
         Kernel::Scale { s: 2.0 },
         host::Plan::engines(2, 2),
-        false,
+        host::Timeline::Off,
     ));
     assert!(
         matches!(&r, Err(e) if matches!(e.error, host::Error::InvalidArgument(_))),

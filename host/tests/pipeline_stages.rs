@@ -37,11 +37,13 @@ fn saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit(device: host::Device) 
             let out = pool.alloc::<f32>(n).unwrap();
             let a = 1.75f32;
             let (((x, y), (out,)), info) =
-                block_on(pipe.run_stage((x, y), (out,), plan, false, |c, chunk| {
-                    let y_out = chunk.output::<f32>(0)?;
-                    c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
-                    c.saxpy(a, chunk.input::<f32>(0)?, y_out)
-                }))
+                block_on(
+                    pipe.run_stage((x, y), (out,), plan, host::Timeline::Off, |c, chunk| {
+                        let y_out = chunk.output::<f32>(0)?;
+                        c.copy_d2d(chunk.input::<f32>(1)?, y_out)?;
+                        c.saxpy(a, chunk.input::<f32>(0)?, y_out)
+                    }),
+                )
                 .unwrap_or_else(|e| panic!("{} n={n} {plan}: {e}", device.kind()));
             assert_eq!(info.plan, plan);
             for i in 0..n {
@@ -87,7 +89,7 @@ fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_b
         (ids, xs, bytes),
         (out_ids, out_xs, out_bytes),
         Plan::engines(4, 2),
-        false,
+        host::Timeline::Off,
         |c, chunk| c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(1)?),
     ))
     .unwrap_err();
@@ -102,7 +104,7 @@ fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_b
         (ids, xs, bytes),
         (out_ids, out_xs, out_bytes),
         Plan::uniform(6, 3),
-        false,
+        host::Timeline::Off,
         |c, chunk| {
             c.copy_d2d(chunk.input::<u32>(0)?, chunk.output::<u32>(0)?)?;
             let x = chunk.output::<f32>(1)?;
@@ -119,8 +121,14 @@ fn arrays_of_different_element_types_travel_together_and_type_errors_hand_them_b
     }
     // Arrays of unequal lengths: refused before anything is enqueued.
     let short = pool.alloc::<u8>(n - 1).unwrap();
-    let err = block_on(pipe.run_stage((ids,), (short,), Plan::uniform(2, 1), false, |_, _| Ok(())))
-        .unwrap_err();
+    let err = block_on(pipe.run_stage(
+        (ids,),
+        (short,),
+        Plan::uniform(2, 1),
+        host::Timeline::Off,
+        |_, _| Ok(()),
+    ))
+    .unwrap_err();
     assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
     assert!(err.bundle.is_some());
 }
@@ -164,13 +172,14 @@ fn every_path_keeps_every_bit<T>(
         std::any::type_name::<T>()
     );
     let out = pool.alloc::<T>(n).unwrap();
-    let (((input,), (out,)), _) =
-        block_on(
-            pipe.run_stage((input,), (out,), Plan::engines(5, 3), false, |c, chunk| {
-                c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?)
-            }),
-        )
-        .unwrap();
+    let (((input,), (out,)), _) = block_on(pipe.run_stage(
+        (input,),
+        (out,),
+        Plan::engines(5, 3),
+        host::Timeline::Off,
+        |c, chunk| c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?),
+    ))
+    .unwrap();
     assert!(
         bits(out.as_slice()) == bits(&data),
         "{}",

@@ -1934,9 +1934,14 @@ impl<'d> World<'d> {
             events: Vec::new(),
             pipe: Some(PipeCheck { plan, n, timeline }),
         };
+        let timeline_arg = if timeline {
+            host::Timeline::Record
+        } else {
+            host::Timeline::Off
+        };
         let job = self.pipes[pi]
             .1
-            .run(input.buf, out_buf, kernel, plan, timeline);
+            .run(input.buf, out_buf, kernel, plan, timeline_arg);
         if meta.want.is_err() {
             check!(
                 self,

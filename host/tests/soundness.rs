@@ -133,7 +133,7 @@ fn a_panic_in_a_pipeline_stage_keeps_the_runs_arrays_until_the_queued_work_finis
             (input,),
             (output,),
             Plan::uniform(2, 2),
-            false,
+            host::Timeline::Off,
             |c, chunk| {
                 if chunk.index() == 1 {
                     panic!("a bug in the user's stage");
@@ -171,7 +171,7 @@ fn a_panic_in_a_pipeline_stage_keeps_the_runs_arrays_until_the_queued_work_finis
     let output = pool.alloc::<f32>(n).unwrap();
     let k = Kernel::Scale { s: 3.0 };
     let ((input, output), _) =
-        block_on(pipe.run(input, output, k, Plan::uniform(4, 2), false)).unwrap();
+        block_on(pipe.run(input, output, k, Plan::uniform(4, 2), host::Timeline::Off)).unwrap();
     let (checked, bad) = host::testing::verify(k, input.as_slice(), output.as_slice());
     assert!(checked > 0 && bad == 0);
 }
@@ -193,13 +193,19 @@ fn a_stage_that_starts_a_run_of_its_own_pipeline_gets_an_error_not_a_deadlock(
         (input,),
         (output,),
         Plan::uniform(2, 2),
-        false,
+        host::Timeline::Off,
         |c, chunk| {
             let (a, b) = (
                 PinnedBuffer::<f32>::from_slice(c.device(), &[1.0, 2.0]).unwrap(),
                 PinnedBuffer::<f32>::new(c.device(), 2).unwrap(),
             );
-            let inner = pipe.run(a, b, Kernel::Scale { s: 2.0 }, Plan::uniform(1, 1), false);
+            let inner = pipe.run(
+                a,
+                b,
+                Kernel::Scale { s: 2.0 },
+                Plan::uniform(1, 1),
+                host::Timeline::Off,
+            );
             let err = block_on(inner).expect_err("a run of the pipeline from its own stage");
             assert!(err.bundle.is_some(), "the inner run's arrays come back");
             inner_errors.lock().unwrap().push(err.error);
@@ -310,8 +316,14 @@ fn timeline_points_of_a_pipeline_run_measure_on_every_backend(device: host::Devi
         let mut input = pool.alloc::<f32>(n).unwrap();
         random_floats(input.as_mut_slice(), 3);
         let output = pool.alloc::<f32>(n).unwrap();
-        let ((_, _), info) =
-            block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, true)).unwrap();
+        let ((_, _), info) = block_on(pipe.run(
+            input,
+            output,
+            Kernel::Scale { s: 2.0 },
+            plan,
+            host::Timeline::Record,
+        ))
+        .unwrap();
         let timeline = info.timeline.expect("asked for a timeline");
         assert_eq!(timeline.len(), plan.ranges(n).len());
         for chunk in &timeline {
@@ -464,8 +476,14 @@ fn a_validation_error_hands_the_buffers_back_intact(device: host::Device) {
         Plan::uniform(2, 3),
         Plan::engines(4, 2),
     ] {
-        let err = block_on(pipe.run(bundle.0, bundle.1, Kernel::Scale { s: 2.0 }, plan, false))
-            .unwrap_err();
+        let err = block_on(pipe.run(
+            bundle.0,
+            bundle.1,
+            Kernel::Scale { s: 2.0 },
+            plan,
+            host::Timeline::Off,
+        ))
+        .unwrap_err();
         assert!(
             matches!(err.error, Error::InvalidArgument(_)),
             "{plan}: {err}"
@@ -480,7 +498,7 @@ fn a_validation_error_hands_the_buffers_back_intact(device: host::Device) {
         short,
         Kernel::Scale { s: 2.0 },
         Plan::auto(n),
-        false,
+        host::Timeline::Off,
     ))
     .unwrap_err();
     assert!(matches!(err.error, Error::LengthMismatch { .. }), "{err}");
@@ -686,7 +704,7 @@ fn plans_over_usize_max_zero_sized_elements_do_not_overflow() {
         (input,),
         (output,),
         Plan::uniform(2, 2),
-        false,
+        host::Timeline::Off,
         |_c, _chunk| Ok(()),
     );
     let ((input, output), _) = block_on(run).expect("zero bytes move");
@@ -843,8 +861,14 @@ fn the_automatic_plan_fits_a_pipeline_of_any_stream_count() {
         );
         let input = PinnedBuffer::from_slice(&device, &data).unwrap();
         let output = PinnedBuffer::<f32>::new(&device, n).unwrap();
-        let ((_, output), _) =
-            block_on(pipe.run(input, output, Kernel::Scale { s: 2.0 }, plan, false)).unwrap();
+        let ((_, output), _) = block_on(pipe.run(
+            input,
+            output,
+            Kernel::Scale { s: 2.0 },
+            plan,
+            host::Timeline::Off,
+        ))
+        .unwrap();
         assert!(output
             .as_slice()
             .iter()
@@ -872,13 +896,19 @@ fn two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock(device: h
                 (input,),
                 (output,),
                 Plan::uniform(1, 1),
-                false,
+                host::Timeline::Off,
                 move |c, chunk| {
                     // Both stages at once, each holding its own pipeline.
                     b.wait();
                     let a = PinnedBuffer::from_slice(c.device(), &[1.0f32, 2.0]).unwrap();
                     let o = PinnedBuffer::<f32>::new(c.device(), 2).unwrap();
-                    let run = other.run(a, o, Kernel::Scale { s: 2.0 }, Plan::uniform(1, 1), false);
+                    let run = other.run(
+                        a,
+                        o,
+                        Kernel::Scale { s: 2.0 },
+                        Plan::uniform(1, 1),
+                        host::Timeline::Off,
+                    );
                     *seen.lock().unwrap() = Some(run);
                     c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
                 },

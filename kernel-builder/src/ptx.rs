@@ -58,6 +58,20 @@ pub(crate) struct Expect<'a> {
     pub allow_externs: bool,
 }
 
+/// Reads the PTX a build left at `path` and [`check`]s it: its text and its
+/// entry points.
+pub(crate) fn read_checked(
+    path: &Path,
+    expect: &Expect<'_>,
+) -> Result<(String, Vec<String>), Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::MissingPtx {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let entries = check(&text, path, expect)?;
+    Ok((text, entries))
+}
+
 /// Checks `ptx` (read from `path`) against `expect`; its entry points when it
 /// passes.
 pub(crate) fn check(ptx: &str, path: &Path, expect: &Expect<'_>) -> Result<Vec<String>, Error> {

@@ -2,6 +2,7 @@
 //! (device memory: our own, or a PyTorch/CuPy allocation wrapped in place).
 
 use crate::dtype::DType;
+use crate::foreign::{check_c_contiguous, Imported};
 use crate::{buffer_error, IntoPy};
 use host::{BackendChoice, BackendKind, DeviceBuffer, DeviceOptions, DeviceSliceMut};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -487,7 +488,7 @@ impl DeviceArray {
     fn upload(&self, py: Python<'_>, array: &Bound<'_, PyAny>) -> PyResult<()> {
         let nbytes = self.nbytes;
         // The source's view first (asking for it may run Python code).
-        let view = crate::alloc::ContiguousView::get(array, false)?;
+        let view = crate::buffer::ContiguousView::get(array, false)?;
         if view.len != nbytes {
             return Err(PyValueError::new_err(format!(
                 "upload of {} bytes into a device array of {nbytes} bytes",
@@ -510,7 +511,7 @@ impl DeviceArray {
         self.with_own("download()", |buf| {
             py.detach(|| buf.copy_to_host_sync(&mut out)).py()
         })?;
-        crate::alloc::numpy_from_bytes(py, &out, self.dtype, &self.shape)
+        crate::buffer::numpy_from_bytes(py, &out, self.dtype, &self.shape)
     }
 
     /// `__cuda_array_interface__` v3 (CUDA only). No `stream`: a ready array
@@ -651,14 +652,6 @@ pub fn as_device_array(
     })
 }
 
-/// What importing foreign device memory yields.
-pub struct Imported {
-    pub addr: u64,
-    pub shape: Vec<usize>,
-    pub dtype: DType,
-    pub owner: Py<PyAny>,
-}
-
 fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> PyResult<Imported> {
     let cai = obj.getattr("__cuda_array_interface__")?;
     let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
@@ -691,18 +684,4 @@ fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> 
         dtype,
         owner: obj.clone().unbind(),
     })
-}
-
-/// `BufferError` unless `strides` (bytes) are C-contiguous for `shape`.
-pub fn check_c_contiguous(shape: &[usize], strides: &[isize], item: usize) -> PyResult<()> {
-    let mut expect = item as isize;
-    for (&d, &s) in shape.iter().zip(strides).rev() {
-        if d > 1 && s != expect {
-            return Err(buffer_error(format!(
-                "the array is not C-contiguous (shape {shape:?}, strides {strides:?})"
-            )));
-        }
-        expect *= d as isize;
-    }
-    Ok(())
 }

@@ -1,8 +1,8 @@
 //! DLPack: exporting our buffers as capsules (legacy `dltensor` and
 //! versioned `dltensor_versioned`), importing CUDA tensors of others.
 
-use crate::device::{check_c_contiguous, Imported};
 use crate::dtype::{DType, ALL};
+use crate::foreign::{check_c_contiguous, Imported};
 use crate::{buffer_error, IntoPy};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;

@@ -20,9 +20,11 @@ use pyo3::exceptions::{PyBufferError, PyRuntimeError};
 use pyo3::prelude::*;
 
 pub mod alloc;
+pub mod buffer;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
+pub mod foreign;
 pub mod ops;
 pub mod pipe;
 pub mod staging;

@@ -170,7 +170,7 @@ impl Pipeline {
                 return Err(crate::to_py(e));
             }
         };
-        let job = py.detach(|| self.inner.run(i, o, k, plan, false));
+        let job = py.detach(|| self.inner.run(i, o, k, plan, host::Timeline::Off));
         Ok(Operation::new(
             Pending::Run(job),
             owners,
@@ -261,8 +261,12 @@ impl Pipeline {
         // The output is on the pipeline's device (checked above).
         let (addr, device) = (o.addr(), self.device.clone());
         let job = py.detach(move || {
-            self.inner
-                .run_stage((i,), host::KeepAlive(o), plan, false, move |c, chunk| {
+            self.inner.run_stage(
+                (i,),
+                host::KeepAlive(o),
+                plan,
+                host::Timeline::Off,
+                move |c, chunk| {
                     let r = chunk.range();
                     // SAFETY: `addr` is the output's memory, owned by this run's job
                     // (`DevOut`) until its last stream is done, written by nothing
@@ -277,7 +281,8 @@ impl Pipeline {
                     };
                     c.copy_d2d(chunk.input::<f32>(0)?, dst)?;
                     c.kernel(k, dst)
-                })
+                },
+            )
         });
         Ok(Operation::new(
             Pending::RunDev(job),
@@ -345,7 +350,7 @@ pub fn compare_sync_async<'py>(
             (input, dev, out) = (i, d, o);
             out.as_mut_slice().fill(0.0);
             let t = Instant::now();
-            let ((i, o), _) = host::block_on(pipe.run(input, out, k, plan, false))?;
+            let ((i, o), _) = host::block_on(pipe.run(input, out, k, plan, host::Timeline::Off))?;
             async_ms.push(t.elapsed().as_secs_f64() * 1e3);
             correct &= bits_equal(o.as_slice(), &expect);
             (input, out) = (i, o);

@@ -8,7 +8,7 @@
 //! touch it. The copy's own threads need no GIL; only other Python threads
 //! wait, for about the copy's duration (20 ms per GiB on the H200).
 
-use crate::alloc::ContiguousView;
+use crate::buffer::ContiguousView;
 use crate::device::{device_or_default, Device, DeviceArray};
 use crate::dtype::DType;
 use crate::IntoPy;

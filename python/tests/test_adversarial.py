@@ -1,4 +1,4 @@
-"""What an adversarial user found (the eighth session's probe), each now a
+"""What an adversarial probe of the Python API found, each now a
 test: the garbage collector running inside a buffer's own method, NumPy
 replacing a pinned array's memory, weak references and PickleBuffers reaching
 memory in flight, one buffer in two roles of a batch, a second waiter, and

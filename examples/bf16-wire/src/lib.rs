@@ -26,7 +26,7 @@
 //! let input = narrow_to_pinned(&pool, &data)?; // half the bytes to copy
 //! let output = pool.alloc::<bf16>(data.len())?;
 //! let (((input,), (output,)), _info) =
-//!     run_bf16(&pipe, &kernels, input, output, 2.0, Plan::auto(data.len()), false).await?;
+//!     run_bf16(&pipe, &kernels, input, output, 2.0, Plan::auto(data.len()), host::Timeline::Off).await?;
 //! assert_eq!(output.as_slice()[3].to_f32(), 3.0);
 //! # drop(input); Ok(()) }
 //! ```
@@ -37,6 +37,7 @@ pub use half::bf16;
 use host::{
     Chunk, Commands, Device, DeviceSlice, DeviceSliceMut, Error, Function, Job, Kernel,
     LaunchConfig, Module, PinnedArray, PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo,
+    Timeline,
 };
 
 /// The kernels' PTX, as `build.rs` had `kernel-builder` compile it.
@@ -295,7 +296,7 @@ pub fn run_f32<I, O>(
     output: O,
     s: f32,
     plan: Plan,
-    timeline: bool,
+    timeline: Timeline,
 ) -> Job<((I,), (O,)), RunInfo>
 where
     I: PinnedArray<Elem = f32>,
@@ -317,7 +318,7 @@ pub fn run_bf16_f32<I, O>(
     output: O,
     s: f32,
     plan: Plan,
-    timeline: bool,
+    timeline: Timeline,
 ) -> Job<((I,), (O,)), RunInfo>
 where
     I: PinnedArray<Elem = bf16>,
@@ -343,7 +344,7 @@ pub fn run_bf16<I, O>(
     output: O,
     s: f32,
     plan: Plan,
-    timeline: bool,
+    timeline: Timeline,
 ) -> Job<((I,), (O,)), RunInfo>
 where
     I: PinnedArray<Elem = bf16>,

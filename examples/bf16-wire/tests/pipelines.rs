@@ -8,7 +8,7 @@ use bf16_wire::{bf16, narrow_to_pinned, run_bf16, run_bf16_f32, run_f32, Variant
 use common::rne_reference;
 use futures::executor::block_on;
 use host::testing::{random_floats, serial};
-use host::{Kernel, PinnedPool, Pipeline, Plan};
+use host::{Kernel, PinnedPool, Pipeline, Plan, Timeline};
 
 /// Not a power of two: the products round.
 const S: f32 = 3.3;
@@ -47,7 +47,7 @@ fn every_variant_matches_the_cpu_bit_for_bit(device: host::Device) {
             let mut x = pool.alloc::<f32>(n).unwrap();
             x.as_mut_slice().copy_from_slice(&data);
             let y = pool.alloc::<f32>(n).unwrap();
-            let (((x,), (y,)), info) = block_on(run_f32(&pipe, x, y, S, plan, false))
+            let (((x,), (y,)), info) = block_on(run_f32(&pipe, x, y, S, plan, Timeline::Off))
                 .unwrap_or_else(|e| panic!("{what} f32: {e}"));
             assert_eq!(info.plan, plan);
             for (i, (a, b)) in x.as_slice().iter().zip(y.as_slice()).enumerate() {
@@ -58,8 +58,9 @@ fn every_variant_matches_the_cpu_bit_for_bit(device: host::Device) {
             // bf16 in, f32 out.
             let xb = narrow_to_pinned(&pool, &data).unwrap();
             let y = pool.alloc::<f32>(n).unwrap();
-            let (((xb,), (y,)), _) = block_on(run_bf16_f32(&pipe, &kernels, xb, y, S, plan, false))
-                .unwrap_or_else(|e| panic!("{what} bf16->f32: {e}"));
+            let (((xb,), (y,)), _) =
+                block_on(run_bf16_f32(&pipe, &kernels, xb, y, S, plan, Timeline::Off))
+                    .unwrap_or_else(|e| panic!("{what} bf16->f32: {e}"));
             for (i, (a, b)) in xb.as_slice().iter().zip(y.as_slice()).enumerate() {
                 // half's widening: independent of the kernel's.
                 let want = a.to_f32() * S;
@@ -68,8 +69,9 @@ fn every_variant_matches_the_cpu_bit_for_bit(device: host::Device) {
 
             // bf16 both ways.
             let y = pool.alloc::<bf16>(n).unwrap();
-            let (((xb,), (y,)), _) = block_on(run_bf16(&pipe, &kernels, xb, y, S, plan, false))
-                .unwrap_or_else(|e| panic!("{what} bf16: {e}"));
+            let (((xb,), (y,)), _) =
+                block_on(run_bf16(&pipe, &kernels, xb, y, S, plan, Timeline::Off))
+                    .unwrap_or_else(|e| panic!("{what} bf16: {e}"));
             for (i, (a, b)) in xb.as_slice().iter().zip(y.as_slice()).enumerate() {
                 let want = rne_reference(a.to_f32() * S).expect("finite");
                 assert_eq!(b.to_bits(), want, "{what} bf16: element {i}");
@@ -90,11 +92,13 @@ fn a_stage_with_the_wrong_element_type_hands_the_arrays_back(device: host::Devic
         pool.alloc::<f32>(1000).unwrap(),
         pool.alloc::<f32>(1000).unwrap(),
     );
-    let err = block_on(
-        pipe.run_stage((x,), (y,), Plan::uniform(2, 2), false, |c, chunk| {
-            kernels.scale_to_f32(c, 2.0, chunk.input::<bf16>(0)?, chunk.output::<f32>(0)?)
-        }),
-    )
+    let err = block_on(pipe.run_stage(
+        (x,),
+        (y,),
+        Plan::uniform(2, 2),
+        Timeline::Off,
+        |c, chunk| kernels.scale_to_f32(c, 2.0, chunk.input::<bf16>(0)?, chunk.output::<f32>(0)?),
+    ))
     .unwrap_err();
     assert!(
         matches!(&err.error, host::Error::InvalidArgument(m) if m.contains("holds f32")),

@@ -1,10 +1,13 @@
 //! The CUDA backend for one device: memory, registration, modules, streams.
 
-use super::{
-    code_name, device_count, driver_present, on_watcher, watch, CudaStream, DeviceMemory,
-    EventHandle, FunctionHandle, ModuleHandle, OrderedMem, ParkedFree, Shared, StreamHandle,
-    WaitMode,
-};
+use super::driver::{code_name, device_count, driver_present, StreamHandle};
+use super::event::EventHandle;
+use super::module::{FunctionHandle, ModuleHandle};
+use super::options::{DeviceMemory, WaitMode};
+use super::ordered::OrderedMem;
+use super::shared::{on_watcher, ParkedFree, Shared};
+use super::stream::CudaStream;
+use super::watch;
 use crate::backend::{
     Backend, DeviceInfo, HostAlloc, HostFlags, RawFunction, RawModule, RawStream, Timer,
 };
@@ -105,7 +108,8 @@ impl Backend for CudaBackend {
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
-        self
+        // What a peer operation needs of another CUDA device: its context.
+        &*self.shared
     }
 
     fn pci_bus_id(&self) -> Option<String> {
@@ -127,10 +131,10 @@ impl Backend for CudaBackend {
     }
 
     fn enable_peer_access(&self, peer: &dyn Backend) -> Result<bool> {
-        let Some(peer) = peer.as_any().downcast_ref::<CudaBackend>() else {
+        let Some(peer) = peer.as_any().downcast_ref::<Shared>() else {
             return Ok(false);
         };
-        let (me, them) = (self.shared.ctx.cu_device(), peer.shared.ctx.cu_device());
+        let (me, them) = (self.shared.ctx.cu_device(), peer.ctx.cu_device());
         if me == them {
             return Ok(true);
         }
@@ -144,7 +148,7 @@ impl Backend for CudaBackend {
         self.shared.bind()?;
         // SAFETY: the peer's context is alive (we hold its backend); the
         // current context is ours.
-        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.shared.ctx.cu_ctx(), 0) };
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
         if r == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
             return Ok(true);
         }

@@ -1,6 +1,7 @@
 //! CUDA events, recycled through the backend's free list.
 
-use super::{code_name, RawCuEvent, Shared, EVENT_POOL_CAP};
+use super::driver::code_name;
+use super::shared::{RawCuEvent, Shared, EVENT_POOL_CAP};
 use crate::completion::lock;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult};

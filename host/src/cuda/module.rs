@@ -1,6 +1,6 @@
 //! Loaded PTX modules and their kernel entry points.
 
-use super::Shared;
+use super::shared::Shared;
 use cudarc::driver::sys::{self};
 use std::sync::Arc;
 

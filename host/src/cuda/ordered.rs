@@ -1,7 +1,7 @@
 //! Stream-ordered device memory: a memory pool of the backend's own and the
 //! internal stream its frees are enqueued on.
 
-use super::StreamHandle;
+use super::driver::StreamHandle;
 use cudarc::driver::sys::{self, CUresult};
 
 /// Stream-ordered device memory (`cuMemAllocFromPoolAsync` /

@@ -2,7 +2,9 @@
 //! context, its broken state, recycled events and the frees parked off the
 //! watchers.
 
-use super::{code_name, is_sticky, OrderedMem, WaitMode};
+use super::driver::{code_name, is_sticky};
+use super::options::WaitMode;
+use super::ordered::OrderedMem;
 use crate::backend::{Draining, Generation};
 use crate::completion::lock;
 use crate::error::{Error, Result};

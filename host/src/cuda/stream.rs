@@ -1,19 +1,17 @@
 //! A CUDA stream and the commands enqueued on it.
 
-use super::{CudaBackend, EventHandle, FunctionHandle, RawCuEvent, Shared, WaitMode, WatchTx};
-use crate::backend::{Backend, RawEvent, RawStream, Timer};
+use super::driver::StreamHandle;
+use super::event::EventHandle;
+use super::module::FunctionHandle;
+use super::options::WaitMode;
+use super::shared::{RawCuEvent, Shared};
+use super::watch::WatchTx;
+use crate::backend::{Backend, RawCopy, RawEvent, RawLaunch, RawStream, Timer};
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
-use crate::kernel::RawLaunch;
 use cudarc::driver::sys::{self};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-pub(super) struct StreamHandle(pub(super) sys::CUstream);
-// SAFETY: CUstream is an opaque driver handle; enqueueing from several threads is allowed.
-unsafe impl Send for StreamHandle {}
-// SAFETY: as above.
-unsafe impl Sync for StreamHandle {}
 
 pub(super) struct CudaStream {
     pub(super) stream: StreamHandle,
@@ -148,8 +146,8 @@ impl RawStream for CudaStream {
     ) -> Result<()> {
         let ctx = |b: &dyn Backend| {
             b.as_any()
-                .downcast_ref::<CudaBackend>()
-                .map(|c| c.shared.ctx.cu_ctx())
+                .downcast_ref::<Shared>()
+                .map(|s| s.ctx.cu_ctx())
                 .ok_or_else(|| {
                     Error::InvalidArgument("a peer copy to or from another backend".into())
                 })
@@ -167,7 +165,7 @@ impl RawStream for CudaStream {
         self.shared.check("cuMemcpyPeerAsync", r)
     }
 
-    unsafe fn copy_batch(&self, copies: &[crate::transfer::RawCopy]) -> Result<()> {
+    unsafe fn copy_batch(&self, copies: &[RawCopy]) -> Result<()> {
         self.shared.usable()?;
         self.shared.bind()?;
         let copies: Vec<_> = copies.iter().filter(|c| c.bytes > 0).collect();
@@ -221,17 +219,16 @@ impl RawStream for CudaStream {
             ));
         };
         let mut params = launch.params.pointers();
-        let c = launch.config;
         // SAFETY: the function comes from a loaded module of this context;
         // `params` points at one live value of each declared parameter type
         // (the declaration's tuple); ranges valid until completion (caller).
         let r = unsafe {
             sys::cuLaunchKernel(
                 f.func,
-                c.grid,
+                launch.grid,
                 1,
                 1,
-                c.block,
+                launch.block,
                 1,
                 1,
                 0,

@@ -1,7 +1,9 @@
 //! The watcher thread of a stream: completes each recorded point, in order,
 //! waiting the way [`WaitMode`](super::WaitMode) says.
 
-use super::{EventHandle, Shared, WaitMode, POLL_INTERVAL};
+use super::event::EventHandle;
+use super::options::{WaitMode, POLL_INTERVAL};
+use super::shared::Shared;
 use crate::completion::Completion;
 use crate::error::Result;
 use cudarc::driver::sys::{self, CUresult};

@@ -15,7 +15,7 @@ use bf16_kernels::convert;
 use half::bf16;
 use host::{
     Chunk, Commands, Device, Error, Function, Job, JobError, Kernel, LaunchConfig, Module,
-    PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo,
+    PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo, Timeline,
 };
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -260,7 +260,7 @@ async fn measure(
                 plans,
                 reps,
                 bundle,
-                |(i, o), plan| pipe.run(i, o, kernel, plan, false),
+                |(i, o), plan| pipe.run(i, o, kernel, plan, Timeline::Off),
                 pb,
             )
             .await?;
@@ -282,7 +282,7 @@ async fn measure(
                     plans,
                     reps,
                     bundle,
-                    |(i, o), plan| pipe.run_stage(i, o, plan, false, stage),
+                    |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
                     pb,
                 )
                 .await?;
@@ -299,7 +299,7 @@ async fn measure(
                     plans,
                     reps,
                     bundle,
-                    |(i, o), plan| pipe.run_stage(i, o, plan, false, stage),
+                    |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
                     pb,
                 )
                 .await?;
@@ -325,7 +325,7 @@ async fn measure(
                 plans,
                 reps,
                 bundle,
-                |(i, o), plan| pipe.run_stage(i, o, plan, false, stage),
+                |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
                 pb,
             )
             .await?;
@@ -420,7 +420,7 @@ pub async fn run(
         to_f32: module.function()?,
         both: module.function()?,
     };
-    let pb = super::progress(steps(sizes, reps, small));
+    let pb = super::progress::bar(steps(sizes, reps, small));
     let mut rows = Vec::new();
     let mut conversions = Vec::new();
     for &n in sizes {

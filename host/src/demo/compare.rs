@@ -165,7 +165,7 @@ pub async fn compare(
     for rep in 0..=reps {
         for (k, &plan) in plans.iter().enumerate() {
             let t = Instant::now();
-            let job = pipeline.run(input, output, kernel, plan, false);
+            let job = pipeline.run(input, output, kernel, plan, host::Timeline::Off);
             let issued = ms(t);
             let ((i, o), _) = job.await?;
             if rep > 0 {

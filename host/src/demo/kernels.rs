@@ -73,7 +73,7 @@ fn on_device(
 
 pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
     let w = Words::of(device);
-    let pb = super::progress(4);
+    let pb = super::progress::bar(4);
     pb.set_message("random input");
     let stream = Stream::new(device)?;
     let x = random_floats(n, 0xC0FFEE);

@@ -89,7 +89,7 @@ pub fn run(
         Arc::new(AtomicU64::new(0)),
     );
     let t0 = Instant::now();
-    let pb = super::progress(seconds.ceil().max(1.0) as u64);
+    let pb = super::progress::bar(seconds.ceil().max(1.0) as u64);
     pb.set_message(format!("{tasks} tasks on {} streams", streams.len()));
     let samples = rt.block_on(async {
         let mut handles = Vec::new();

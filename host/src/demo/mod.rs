@@ -12,6 +12,7 @@ pub mod load;
 pub mod multi_gpu;
 pub mod pipeline;
 pub mod plots;
+pub mod progress;
 pub mod ptx;
 pub mod report;
 pub mod small;
@@ -20,7 +21,6 @@ pub mod wait_path;
 pub mod waits;
 
 use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
-use indicatif::{ProgressBar, ProgressStyle};
 use report::{write_csv, write_json, Meta};
 use serde::Serialize;
 use std::path::Path;
@@ -100,19 +100,6 @@ impl Scale {
     }
 }
 
-/// A progress bar on stderr; hidden when stderr is not a terminal (indicatif's
-/// default), so logs and pipes get only the results. No time-left estimate:
-/// the steps of a part differ in length by orders of magnitude.
-pub fn progress(len: u64) -> ProgressBar {
-    let pb = ProgressBar::new(len);
-    if let Ok(style) =
-        ProgressStyle::with_template("  [{bar:30}] {percent:>3}% {elapsed:>4}  {wide_msg}")
-    {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb
-}
-
 #[derive(Serialize)]
 struct CompareFile<'a> {
     meta: Meta,
@@ -186,7 +173,7 @@ pub async fn sweep(
     sizes: &[usize],
     out: &Path,
 ) -> host::Result<()> {
-    let pb = progress(sizes.len() as u64);
+    let pb = progress::bar(sizes.len() as u64);
     let rows = pipeline::sweep(device, pool, pipe, sizes, &pb).await?;
     pb.finish_and_clear();
     pipeline::print_sweep(&rows, fmt::Words::of(device));
@@ -262,7 +249,7 @@ pub fn bandwidth(
     alloc_sizes: &[usize],
     out: &Path,
 ) -> host::Result<()> {
-    let pb = progress((bandwidth::sizes(max).len() + alloc_sizes.len()) as u64);
+    let pb = progress::bar((bandwidth::sizes(max).len() + alloc_sizes.len()) as u64);
     let res = bandwidth::run(device, max, alloc_sizes, &pb)?;
     pb.finish_and_clear();
     bandwidth::print(&res);
@@ -319,7 +306,7 @@ pub fn bandwidth(
 
 /// `host latency`.
 pub fn latency(opts: &DeviceOptions, samples: usize, out: &Path) -> host::Result<()> {
-    let pb = progress(latency::STEPS);
+    let pb = progress::bar(latency::STEPS);
     let res = latency::run(opts, samples, &pb)?;
     pb.finish_and_clear();
     latency::print(&res);

@@ -367,7 +367,7 @@ pub async fn run(devices: &[Device], small: bool, out: &Path) -> Result<MultiRes
     let topo = topology(devices)?.devices;
     let pools: Vec<PinnedPool> = devices.iter().map(PinnedPool::near).collect();
     let steps = 3 * (reps + 1) * (k + 1) + sizes.len() * (reps + 1) * 2;
-    let pb = super::progress(steps as u64);
+    let pb = super::progress::bar(steps as u64);
     pb.set_message("copies, each device alone, then all at once");
     let mut rigs = devices
         .iter()

@@ -4,7 +4,7 @@ use super::compare::{compare, Comparison, Spec, Verdict};
 use super::fmt::{elems, faster_or_slower, Words};
 use super::plots::{self, Axis, Bar, Label, Series};
 use super::report::{cell, write_csv};
-use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
+use host::{Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::Path;
@@ -76,7 +76,7 @@ pub async fn compare_all(
             with_bound: true,
         })
         .collect();
-    let pb = super::progress(specs.iter().map(Spec::steps).sum());
+    let pb = super::progress::bar(specs.iter().map(Spec::steps).sum());
     let mut out = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         pb.set_message(format!(
@@ -284,8 +284,12 @@ pub async fn timeline(
     let output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 1.5 };
     // Warm-up, then the recorded run.
-    let ((input, output), _) = pipeline.run(input, output, kernel, plan, false).await?;
-    let ((input, output), info) = pipeline.run(input, output, kernel, plan, true).await?;
+    let ((input, output), _) = pipeline
+        .run(input, output, kernel, plan, Timeline::Off)
+        .await?;
+    let ((input, output), info) = pipeline
+        .run(input, output, kernel, plan, Timeline::Record)
+        .await?;
     let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
         return Err(host::Error::InvalidArgument(

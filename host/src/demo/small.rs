@@ -1092,7 +1092,7 @@ pub fn part(
     cfg: &Config,
     out: &Path,
 ) -> host::Result<()> {
-    let pb = super::progress((cfg.sizes.len() * DIRECTIONS.len()) as u64);
+    let pb = super::progress::bar((cfg.sizes.len() * DIRECTIONS.len()) as u64);
     let res = run(rt, device, cfg, &pb)?;
     pb.finish_and_clear();
     print(&res);

@@ -65,7 +65,7 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
     for round in 0..=runs {
         for (k, &e) in executors.iter().enumerate() {
             let t = Instant::now();
-            let job = pipe.run(input, output, kernel, plan, false);
+            let job = pipe.run(input, output, kernel, plan, host::Timeline::Off);
             let ((i, o), _) = match e {
                 Executor::FuturesBlockOn => futures::executor::block_on(job)?,
                 Executor::HostBlockOn => host::block_on(job)?,
