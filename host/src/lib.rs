@@ -90,7 +90,7 @@ pub use pipeline::{
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{
     Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
-    DEFAULT_DIRECT_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,
+    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

@@ -7,7 +7,7 @@
 //! the driver does, in parallel and overlapped:
 //!
 //! - a bounded ring of pinned blocks ([`StagingConfig::blocks`] ×
-//!   [`StagingConfig::block_bytes`], 4 × 16 MiB by default) from a pool of
+//!   [`StagingConfig::block_bytes`], 4 × 8 MiB by default) from a pool of
 //!   its own ([`Staging::pool_stats`]);
 //! - persistent worker threads ([`StagingConfig::threads`]) that copy each
 //!   block's bytes between the user's memory and the block, every thread a
@@ -18,10 +18,15 @@
 //!   blocks run (device-to-host), on the engine's own two streams.
 //!
 //! # Which route a copy takes
-//! [`Route::Auto`] (the default) sends a copy of fewer than
-//! [`StagingConfig::direct_below`] bytes straight to the driver (one
-//! synchronous pageable copy: the staging ring's fixed costs outweigh its
-//! bandwidth there) and a larger one through the ring. Memory copied again
+//! [`Route::Auto`] (the default) sends a small copy straight to the driver
+//! (one synchronous pageable copy: the staging ring's fixed costs outweigh
+//! its bandwidth there) and a larger one through the ring. The thresholds
+//! ([`StagingConfig::direct_h2d_below`], [`StagingConfig::direct_d2h_below`])
+//! are where the two routes crossed on the H200 machine (`host staging`,
+//! 2026-12-02): host-to-device the driver's copy won at 256 KiB (8.8
+//! against 6.8 GB/s) and lost at 1 MiB (8.7 against 16.4), so 512 KiB;
+//! device-to-host the driver's own copy is slower (4.3 GB/s at 256 KiB
+//! against 7.3 staged) and won only at 64 KiB, so 128 KiB. Memory copied again
 //! and again is best pinned once ([`crate::Registered`] or a
 //! [`crate::PinnedPool`] buffer) and copied with [`crate::Stream::run`]:
 //! pinning in place costs about 65 ms per GiB, a one-shot staged copy none.
@@ -53,12 +58,14 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
-/// Default size of one staging block (16 MiB).
-pub const DEFAULT_BLOCK_BYTES: usize = 16 << 20;
-/// Default number of staging blocks (4: 64 MiB of pinned memory in all).
+/// Default size of one staging block (8 MiB).
+pub const DEFAULT_BLOCK_BYTES: usize = 8 << 20;
+/// Default number of staging blocks (4: 32 MiB of pinned memory in all).
 pub const DEFAULT_BLOCKS: usize = 4;
-/// Default size below which [`Route::Auto`] copies directly (256 KiB).
-pub const DEFAULT_DIRECT_BELOW: usize = 256 << 10;
+/// Default size below which [`Route::Auto`] copies host-to-device directly.
+pub const DEFAULT_DIRECT_H2D_BELOW: usize = 512 << 10;
+/// Default size below which [`Route::Auto`] copies device-to-host directly.
+pub const DEFAULT_DIRECT_D2H_BELOW: usize = 128 << 10;
 /// Most worker threads an engine starts.
 pub const MAX_STAGING_THREADS: usize = 256;
 /// The default worker count never exceeds this: past it the host copies
@@ -69,7 +76,9 @@ pub const DEFAULT_MAX_THREADS: usize = 16;
 /// How a copy reaches the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Route {
-    /// Direct below [`StagingConfig::direct_below`] bytes, staged above.
+    /// Direct below [`StagingConfig::direct_h2d_below`] (host-to-device) or
+    /// [`StagingConfig::direct_d2h_below`] (device-to-host) bytes, staged
+    /// above.
     #[default]
     Auto,
     /// One synchronous pageable copy by the driver.
@@ -92,16 +101,27 @@ pub struct StagingConfig {
     pub threads: usize,
     /// Which route copies take.
     pub route: Route,
-    /// Under [`Route::Auto`], copies of fewer bytes than this go direct.
-    pub direct_below: usize,
+    /// Under [`Route::Auto`], host-to-device copies of fewer bytes than
+    /// this go direct.
+    pub direct_h2d_below: usize,
+    /// Under [`Route::Auto`], device-to-host copies of fewer bytes than
+    /// this go direct.
+    pub direct_d2h_below: usize,
 }
 
 impl StagingConfig {
-    /// The default for `device`: 4 blocks of 16 MiB; as many workers as the
-    /// CPUs of the GPU's NUMA node (all CPUs when it has none) less two (the
-    /// thread driving the copy copies too, and the driver's own threads need
-    /// a core), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct
-    /// copies below 256 KiB.
+    /// The default for `device`: 4 blocks of 8 MiB; workers on three
+    /// quarters of the CPUs of the GPU's NUMA node (of all CPUs when it has
+    /// none), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct copies
+    /// below 512 KiB host-to-device and 128 KiB device-to-host.
+    ///
+    /// Measured on the H200 machine (16 cores, 1 GiB, `host staging`'s
+    /// sweep): 8-12 workers reached 47-53 GB/s host-to-device and 44-47
+    /// device-to-host; 14-15 workers, with the thread driving the copy, the
+    /// completion thread and the driver's own threads, were more threads
+    /// than cores and fell to 17-45 (device-to-host the more sensitive: its
+    /// completions must be delivered in time). 8 and 16 MiB blocks, 3 or 4
+    /// of them, were level.
     pub fn for_device(device: &Device) -> StagingConfig {
         let cpus = device
             .numa_node()
@@ -111,9 +131,10 @@ impl StagingConfig {
         StagingConfig {
             block_bytes: DEFAULT_BLOCK_BYTES,
             blocks: DEFAULT_BLOCKS,
-            threads: cpus.saturating_sub(2).clamp(1, DEFAULT_MAX_THREADS),
+            threads: (cpus - cpus / 4).clamp(1, DEFAULT_MAX_THREADS),
             route: Route::Auto,
-            direct_below: DEFAULT_DIRECT_BELOW,
+            direct_h2d_below: DEFAULT_DIRECT_H2D_BELOW,
+            direct_d2h_below: DEFAULT_DIRECT_D2H_BELOW,
         }
     }
 
@@ -540,8 +561,17 @@ impl<'a> StagedCopy<'a> {
     fn route(&self) -> Route {
         let c = &self.engine.config;
         match c.route {
-            Route::Auto if self.total < c.direct_below => Route::Direct,
-            Route::Auto => Route::Staged,
+            Route::Auto => {
+                let below = match self.dir {
+                    Dir::H2d(_) => c.direct_h2d_below,
+                    Dir::D2h(_) => c.direct_d2h_below,
+                };
+                if self.total < below {
+                    Route::Direct
+                } else {
+                    Route::Staged
+                }
+            }
             r => r,
         }
     }

@@ -34,7 +34,8 @@ fn small(device: &host::Device, route: Route, threads: usize) -> Staging {
         blocks: 3,
         threads,
         route,
-        direct_below: 1 << 20,
+        direct_h2d_below: 1 << 20,
+        direct_d2h_below: 1 << 20,
     };
     Staging::with_config(device, config).unwrap()
 }
@@ -325,4 +326,45 @@ fn bad_arguments_are_typed_errors_and_touch_nothing(device: host::Device) {
     staging.h2d_blocking(&[], &mut empty).unwrap();
     staging.d2h_blocking(&empty, &mut []).unwrap();
     let _ = Stream::new(&device).unwrap();
+}
+
+host::backend_tests!(the_automatic_route_copies_small_arrays_directly_and_large_ones_staged);
+fn the_automatic_route_copies_small_arrays_directly_and_large_ones_staged(device: host::Device) {
+    let staging = Staging::new(&device).unwrap();
+    let c = staging.config();
+    assert_eq!(c.route, Route::Auto);
+    let mut rng = fastrand::Rng::with_seed(21);
+    // Just below each direction's threshold: no staging block is taken.
+    let n = c.direct_h2d_below.min(c.direct_d2h_below) / 4 - 1;
+    let data = random(n, &mut rng);
+    let mut dev = poisoned(&device, n);
+    staging.h2d_blocking(&data, &mut dev).unwrap();
+    let mut back = vec![POISON; n];
+    staging.d2h_blocking(&dev, &mut back).unwrap();
+    assert_eq!(first_diff(&back, &data), None);
+    assert_eq!(
+        staging.pool_stats().peak_in_use_bytes,
+        0,
+        "a small copy went through the ring"
+    );
+    // At each threshold: staged.
+    for (bytes, h2d) in [(c.direct_h2d_below, true), (c.direct_d2h_below, false)] {
+        let fresh = Staging::new(&device).unwrap();
+        let n = bytes / 4;
+        let data = random(n, &mut rng);
+        let mut dev = poisoned(&device, n);
+        if h2d {
+            fresh.h2d_blocking(&data, &mut dev).unwrap();
+            assert_eq!(first_diff(&read(&mut dev), &data), None);
+        } else {
+            dev.copy_from_host_sync(&data).unwrap();
+            let mut back = vec![POISON; n];
+            fresh.d2h_blocking(&dev, &mut back).unwrap();
+            assert_eq!(first_diff(&back, &data), None);
+        }
+        assert!(
+            fresh.pool_stats().peak_in_use_bytes > 0,
+            "{bytes} bytes did not go through the ring"
+        );
+    }
 }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// One staging engine per device (keyed by the device's identity), made at
-/// first use and kept: its pinned ring (64 MiB by default) is reused by
+/// first use and kept: its pinned ring (32 MiB by default) is reused by
 /// every copy.
 static ENGINES: Mutex<Vec<(host::Device, host::Staging)>> = Mutex::new(Vec::new());
 
@@ -85,7 +85,7 @@ fn dtype_of(view: &ContiguousView) -> PyResult<DType> {
 ///
 /// Large arrays go through the staging ring (parallel host copies
 /// overlapped with the DMAs: the link's speed from ordinary memory); small
-/// ones (below 256 KiB) as one driver copy. The result exports to PyTorch
+/// ones (below 512 KiB; 128 KiB back) as one driver copy. The result exports to PyTorch
 /// and CuPy without a copy (`torch.from_dlpack(arr)`, `cupy.asarray(arr)`).
 ///
 /// Raises `BufferError` for a non-contiguous object, `TypeError` for an
@@ -173,6 +173,7 @@ pub fn staging_stats(py: Python<'_>, device: Option<&Device>) -> PyResult<HashMa
         ("block_bytes".into(), c.block_bytes as u64),
         ("blocks".into(), c.blocks as u64),
         ("threads".into(), c.threads as u64),
-        ("direct_below".into(), c.direct_below as u64),
+        ("direct_h2d_below".into(), c.direct_h2d_below as u64),
+        ("direct_d2h_below".into(), c.direct_d2h_below as u64),
     ]))
 }

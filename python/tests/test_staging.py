@@ -93,7 +93,7 @@ def test_bad_input_is_a_clear_error_and_touches_nothing(device):
 
 
 def test_the_staging_ring_stays_within_its_bound(device):
-    a = np.ones(40 << 20, dtype=np.uint8)  # crosses the default 16 MiB blocks
+    a = np.ones(40 << 20, dtype=np.uint8)  # crosses the default 8 MiB blocks
     d = gpufeed.to_device(a, device)
     gpufeed.to_host(d)
     s = gpufeed.staging_stats(device)

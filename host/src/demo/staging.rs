@@ -126,7 +126,8 @@ pub struct ConfigJson {
     pub block_bytes: usize,
     pub blocks: usize,
     pub threads: usize,
-    pub direct_below: usize,
+    pub direct_h2d_below: usize,
+    pub direct_d2h_below: usize,
 }
 
 impl From<StagingConfig> for ConfigJson {
@@ -135,7 +136,8 @@ impl From<StagingConfig> for ConfigJson {
             block_bytes: c.block_bytes,
             blocks: c.blocks,
             threads: c.threads,
-            direct_below: c.direct_below,
+            direct_h2d_below: c.direct_h2d_below,
+            direct_d2h_below: c.direct_d2h_below,
         }
     }
 }
