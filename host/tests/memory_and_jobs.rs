@@ -110,7 +110,7 @@ fn kernels_on_device_match_the_cpu_bit_for_bit(device: host::Device) {
                 for (j, (g, v)) in o.as_slice().iter().zip(&x).enumerate() {
                     assert_eq!(
                         g.to_bits(),
-                        kernel.reference(*v).to_bits(),
+                        host::testing::expected(kernel, *v).to_bits(),
                         "{:?} {kernel:?} n={n} off={off} j={j}",
                         device.kind()
                     );
@@ -198,7 +198,11 @@ fn run_sync_hands_the_bundle_back_after_the_gpu_is_done(device: host::Device) {
     assert_eq!(n, data.len());
     assert_eq!(input.as_slice(), &data[..], "the input is untouched");
     for (k, (&x, &y)) in data.iter().zip(output.as_slice()).enumerate() {
-        assert_eq!(y.to_bits(), kernel.reference(x).to_bits(), "element {k}");
+        assert_eq!(
+            y.to_bits(),
+            host::testing::expected(kernel, x).to_bits(),
+            "element {k}"
+        );
     }
     // A command that fails after one was enqueued: the typed error comes
     // back once that one has finished, and the stream is usable after.
