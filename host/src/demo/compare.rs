@@ -424,7 +424,7 @@ impl Comparison {
             "  {}; {}",
             self.overlap_words(),
             if self.verified {
-                "every run checked: verified bit for bit"
+                "verified bit for bit (a run of each variant and plan)"
             } else {
                 "RESULT MISMATCH"
             }
