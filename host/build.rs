@@ -19,6 +19,12 @@ fn main() {
     }
     // The commit of the sources this build read, for results files.
     println!("cargo:rustc-env=HOST_GIT_COMMIT={}", built.git_commit());
+    // Tests that parse the embedded PTX are ignored, not passed, when it is
+    // a stub.
+    println!("cargo:rustc-check-cfg=cfg(host_ptx_stub)");
+    if built.stub {
+        println!("cargo:rustc-cfg=host_ptx_stub");
+    }
     // Tests' CUDA halves run by default where the build machine has a GPU.
     kernel_builder::emit_gpu_cfg("host_gpu");
 }

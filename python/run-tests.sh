@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the `gpufeed` extension into a local venv (python/.venv) and runs its
-# pytest suite. Needs only rustup, python3 (>= 3.11) and pip, with access to
+# Builds the `gpufeed` extension into a fresh local venv (python/.venv, made
+# anew each run) and runs its pytest suite. Needs only rustup, python3 (>= 3.11) and pip, with access to
 # PyPI. The CPU emulation is used unless a GPU is present (HOST_BACKEND wins
 # when set); REQUIRE_GPU=1 makes the GPU tests fail instead of skipping.
 set -euo pipefail
@@ -8,9 +8,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 py="${PYTHON:-python3}"
 venv="$here/.venv"
-if [ ! -x "$venv/bin/python" ]; then
-    "$py" -m venv "$venv"
-fi
+# A fresh virtual environment each run: nothing left from an earlier run
+# (an older wheel, a package installed by hand) can make the tests pass.
+rm -rf "$venv"
+"$py" -m venv "$venv"
 vpy="$venv/bin/python"
 "$vpy" -m pip install --quiet --disable-pip-version-check \
     "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5"

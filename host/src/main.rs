@@ -270,7 +270,16 @@ fn run(cli: Cli) -> host::Result<()> {
             let pipe = host::Pipeline::new(&device, 8)?;
             host::block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out)).map(|_| ())
         }
-        Cmd::CompareSyncAsync { size } => demo::compare::compare_sync_async(size).map(|_| ()),
+        Cmd::CompareSyncAsync { size } => {
+            let c = demo::compare::compare_sync_async(size)?;
+            if c.verified {
+                Ok(())
+            } else {
+                Err(host::Error::InvalidArgument(
+                    "compare-sync-async: a result differs from the CPU reference".into(),
+                ))
+            }
+        }
         Cmd::Sweep { sizes } => {
             let pipe = host::Pipeline::new(&device, 4)?;
             host::block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))

@@ -111,16 +111,16 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        host_ptx_stub,
+        ignore = "this build's PTX is a stub (HOST_PTX_STUB=1): no entries to parse"
+    )]
     fn the_builtin_kernels_parse_as_declared() {
         use kernel_abi::{Kernel, Params};
         fn sizes<K: Kernel>() -> &'static [usize] {
             <K::Params as Params>::SIZES
         }
         let e = entry_params(crate::ptx::PTX);
-        if e.is_empty() {
-            eprintln!("skipped: this build's PTX is a stub (HOST_PTX_STUB)");
-            return;
-        }
         assert_eq!(e["scale"], sizes::<gpu_kernels::scale>());
         assert_eq!(e["saxpy"], sizes::<gpu_kernels::saxpy>());
         assert_eq!(e["intensity"], sizes::<gpu_kernels::intensity>());

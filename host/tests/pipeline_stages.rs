@@ -3,7 +3,7 @@
 //! backend; a stage's errors hand every array back.
 
 use futures::executor::block_on;
-use host::testing::{random_floats, serial};
+use host::testing::{poison, random_floats, serial, watchdog};
 use host::{Error, PinnedHost, PinnedPool, Pipeline, Plan};
 
 fn plans(n: usize) -> Vec<Plan> {
@@ -34,7 +34,10 @@ fn saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit(device: host::Device) 
             let (mut x, mut y) = (pool.alloc::<f32>(n).unwrap(), pool.alloc::<f32>(n).unwrap());
             random_floats(x.as_mut_slice(), 100 + k as u64);
             random_floats(y.as_mut_slice(), 200 + k as u64);
-            let out = pool.alloc::<f32>(n).unwrap();
+            // Poisoned: the pool may hand back the previous plan's output
+            // block, which already holds the right answer.
+            let mut out = pool.alloc::<f32>(n).unwrap();
+            poison(out.as_mut_slice());
             let a = 1.75f32;
             let (((x, y), (out,)), info) =
                 block_on(
@@ -47,7 +50,8 @@ fn saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit(device: host::Device) 
                 .unwrap_or_else(|e| panic!("{} n={n} {plan}: {e}", device.kind()));
             assert_eq!(info.plan, plan);
             for i in 0..n {
-                let want = gpu_kernels::elementwise::saxpy(a, x.as_slice()[i], y.as_slice()[i]);
+                // SAXPY is one fused multiply-add.
+                let want = a.mul_add(x.as_slice()[i], y.as_slice()[i]);
                 assert_eq!(
                     out.as_slice()[i].to_bits(),
                     want.to_bits(),
@@ -171,15 +175,15 @@ fn every_path_keeps_every_bit<T>(
         "{}",
         std::any::type_name::<T>()
     );
-    let out = pool.alloc::<T>(n).unwrap();
-    let (((input,), (out,)), _) = block_on(pipe.run_stage(
-        (input,),
-        (out,),
-        Plan::engines(5, 3),
-        host::Timeline::Off,
-        |c, chunk| c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?),
-    ))
-    .unwrap();
+    let mut out = pool.alloc::<T>(n).unwrap();
+    poison(out.as_mut_slice());
+    let (((input,), (out,)), _) =
+        block_on(
+            pipe.run_stage((input,), (out,), Plan::engines(5, 3), host::Timeline::Off, |c, chunk| {
+                c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?)
+            }),
+        )
+        .unwrap();
     assert!(
         bits(out.as_slice()) == bits(&data),
         "{}",
@@ -201,4 +205,47 @@ fn f32_f64_i32_u32_u8_bf16_and_f16_travel_every_path_bit_for_bit(device: host::D
     every_path_keeps_every_bit(&device, &pipe, n, |r| r as u8);
     every_path_keeps_every_bit(&device, &pipe, n, |r| half::bf16::from_bits(r as u16));
     every_path_keeps_every_bit(&device, &pipe, n, |r| half::f16::from_bits(r as u16));
+}
+
+host::backend_tests!(a_run_ends_only_when_every_stream_has_finished_its_chunks);
+fn a_run_ends_only_when_every_stream_has_finished_its_chunks(device: host::Device) {
+    let _serial = serial();
+    let pool = PinnedPool::new(&device);
+    let n = 40_000;
+    for streams in [2usize, 3] {
+        let pipe = Pipeline::new(&device, streams).unwrap();
+        for held_stream in 1..streams {
+            let gate = std::sync::Arc::new(host::MappedFlag::new(&device).unwrap());
+            let _watchdog = watchdog(&gate);
+            // One stream other than the first held on a GPU-side gate: its
+            // chunks queue behind it while the other streams finish theirs.
+            let held = pipe.streams()[held_stream].run(gate.clone(), |c, g| c.gate(g));
+            let mut input = pool.alloc::<f32>(n).unwrap();
+            random_floats(input.as_mut_slice(), streams as u64);
+            let mut output = pool.alloc::<f32>(n).unwrap();
+            poison(output.as_mut_slice());
+            let kernel = host::Kernel::Scale { s: 2.0 };
+            let plan = Plan::uniform(2 * streams, streams);
+            let run = pipe.run(input, output, kernel, plan, host::Timeline::Off);
+            // The run must not end while a stream's chunks are still queued.
+            // (Asserted once the gate is open: a test failing with the gate
+            // closed would wait for it when the pipeline is dropped.)
+            let start = std::time::Instant::now();
+            let mut ended_early = false;
+            while !ended_early && start.elapsed() < std::time::Duration::from_millis(300) {
+                ended_early = run.is_done();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            gate.set(1);
+            let ((input, output), _) = block_on(run).unwrap();
+            block_on(held).unwrap();
+            assert!(
+                !ended_early,
+                "{} {plan}: the run ended while stream {held_stream} was held",
+                device.kind()
+            );
+            let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
+            assert_eq!((checked, bad), (n, 0), "{} {plan}", device.kind());
+        }
+    }
 }

@@ -370,7 +370,7 @@ impl Sim {
             Cmd::Kernel { kernel, x, xr } => {
                 let r = sub(self.devs[x].len(), xr)?;
                 for v in &mut self.devs[x][r.0..r.0 + r.1] {
-                    *v = kernel.reference(*v);
+                    *v = host::testing::expected(kernel, *v);
                 }
             }
             Cmd::Saxpy { a, x, xr, y, yr } => {
@@ -384,7 +384,7 @@ impl Sim {
                 }
                 let xv = self.devs[x][xs.0..xs.0 + xs.1].to_vec();
                 for (v, xi) in self.devs[y][ys.0..ys.0 + ys.1].iter_mut().zip(xv) {
-                    *v = gpu_kernels::elementwise::saxpy(a, xi, *v);
+                    *v = a.mul_add(xi, *v); // SAXPY: one fused multiply-add
                 }
             }
             Cmd::D2d { src, sr, dst, dr } => {
@@ -1799,7 +1799,11 @@ impl<'d> World<'d> {
                     hosts: Vec::new(),
                     devs: vec![DevMeta {
                         id: d.id,
-                        expect: d.expect.iter().map(|&v| kernel.reference(v)).collect(),
+                        expect: d
+                            .expect
+                            .iter()
+                            .map(|&v| host::testing::expected(kernel, v))
+                            .collect(),
                     }],
                     want: Ok(()),
                     events: Vec::new(),
@@ -1902,7 +1906,11 @@ impl<'d> World<'d> {
             Ok(())
         };
         let out_after = if want.is_ok() {
-            input.expect.iter().map(|&v| kernel.reference(v)).collect()
+            input
+                .expect
+                .iter()
+                .map(|&v| host::testing::expected(kernel, v))
+                .collect()
         } else {
             out_before
         };

@@ -45,5 +45,7 @@ async def main():
 
 
 print("awaited:", asyncio.run(main()))
-print("compare_sync_async:", gpufeed.compare_sync_async(4_000_000, device))
+result = gpufeed.compare_sync_async(4_000_000, device)
+print("compare_sync_async:", result)
+assert result["correct"], "a result differs from the CPU reference"
 print("pool:", alloc.stats())

@@ -13,6 +13,7 @@ use super::kernels::par_chunks;
 use super::report::{median, random_floats, write_csv, write_json, Meta};
 use bf16_kernels::convert;
 use half::bf16;
+use host::testing::poison;
 use host::{
     Chunk, Commands, Device, Error, Function, Job, JobError, Kernel, LaunchConfig, Module,
     PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo, Timeline,
@@ -100,9 +101,14 @@ pub struct Row {
     pub over_bound: f64,
     /// ms / the f32 variant's ms at the same size.
     pub vs_f32: f64,
-    /// The last run's output against the CPU reference, bit for bit.
+    /// Mismatching elements, over every plan's checked run (its warm-up,
+    /// into an output poisoned beforehand), against a CPU reference written
+    /// as plain arithmetic, bit for bit.
     pub mismatches: usize,
+    /// No mismatch in any plan's checked run.
     pub verified: bool,
+    /// For each plan in `plans`, its checked run had no mismatch.
+    pub plan_verified: Vec<bool>,
     pub reps: usize,
 }
 
@@ -155,23 +161,37 @@ struct Bf16Kernels {
     both: Function<bf16_kernels::scale_bf16>,
 }
 
+/// What [`best_plan`] found: the bundle back, the best plan, its median
+/// and IQR, every plan's median, and every plan's mismatches.
+type Best<B> = (B, Plan, f64, [f64; 2], Vec<(Plan, f64)>, Vec<usize>);
+
 /// Runs `run` once per plan per repetition (plans interleaved, one warm-up
-/// round) and keeps the plan with the least median time:
-/// `(bundle, best plan, its median, its IQR, every plan's median)`.
+/// round) and keeps the plan with the least median time. Each plan's
+/// warm-up is its checked run: `poison` fills the outputs beforehand (so an
+/// element the run did not write cannot hold an earlier run's answer) and
+/// `check` counts the mismatches afterwards.
 async fn best_plan<B: Send + 'static>(
     plans: &[Plan],
     reps: usize,
     mut bundle: B,
     run: impl Fn(B, Plan) -> Job<B, RunInfo>,
+    poison: impl Fn(&mut B),
+    check: impl Fn(&B) -> usize,
     pb: &ProgressBar,
-) -> Result<(B, Plan, f64, [f64; 2], Vec<(Plan, f64)>)> {
+) -> Result<Best<B>> {
     let mut times = vec![Vec::new(); plans.len()];
+    let mut bad = vec![usize::MAX; plans.len()];
     for rep in 0..=reps {
         for (k, &plan) in plans.iter().enumerate() {
+            if rep == 0 {
+                poison(&mut bundle);
+            }
             let t = Instant::now();
             let (b, _) = run(bundle, plan).await.map_err(|e: JobError<B>| e.error)?;
             if rep > 0 {
                 times[k].push(t.elapsed().as_secs_f64() * 1e3);
+            } else {
+                bad[k] = check(&b);
             }
             bundle = b;
             pb.inc(1);
@@ -190,7 +210,7 @@ async fn best_plan<B: Send + 'static>(
         super::report::percentile(t, 0.25),
         super::report::percentile(t, 0.75),
     ];
-    Ok((bundle, tried[best].0, tried[best].1, iqr, tried))
+    Ok((bundle, tried[best].0, tried[best].1, iqr, tried, bad))
 }
 
 /// A pipeline stage, its closure given the one signature `run_stage` needs
@@ -202,13 +222,28 @@ where
     f
 }
 
-fn mismatches<T: bytemuck::Pod>(got: &[T], want: &[T]) -> usize {
-    let (g, w): (&[u8], &[u8]) = (bytemuck::cast_slice(got), bytemuck::cast_slice(want));
-    let size = std::mem::size_of::<T>();
-    g.chunks(size)
-        .zip(w.chunks(size))
-        .filter(|(a, b)| a != b)
-        .count()
+fn mismatches<T: bytemuck::Pod + Sync>(got: &[T], want: &[T]) -> usize {
+    if got.len() != want.len() {
+        return got.len().max(want.len());
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let chunk = got.len().div_ceil(threads).max(1 << 16);
+    std::thread::scope(|s| {
+        got.chunks(chunk)
+            .zip(want.chunks(chunk))
+            .map(|(g, w)| {
+                s.spawn(move || {
+                    g.iter()
+                        .zip(w)
+                        .filter(|(a, b)| bytemuck::bytes_of(*a) != bytemuck::bytes_of(*b))
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap_or(usize::MAX / threads))
+            .sum()
+    })
 }
 
 /// `f(i)` for every index below `n`, on all CPU threads (a CPU reference).
@@ -252,20 +287,26 @@ async fn measure(
     pb: &ProgressBar,
 ) -> Result<Row> {
     let x = random_floats(n, 0x5EED ^ n as u64);
-    let (plan, ms, iqr_ms, tried, mismatches) = match variant {
+    // The references are plain arithmetic, not the kernel crates' code (which
+    // the CPU emulation runs): scale `x * s`; the bf16 variants widen exactly
+    // (`half`), multiply in f32 and narrow to nearest, ties to even (`half`);
+    // SAXPY is one fused multiply-add, `a.mul_add(x, y)`.
+    let (plan, ms, iqr_ms, tried, bad) = match variant {
         Variant::F32 => {
             let bundle = (pinned(pool, &x)?, pool.alloc::<f32>(n)?);
             let kernel = Kernel::Scale { s: S };
-            let ((_, out), plan, ms, iqr, tried) = best_plan(
+            let want = reference(n, |i| x[i] * S);
+            let (_, plan, ms, iqr, tried, bad) = best_plan(
                 plans,
                 reps,
                 bundle,
                 |(i, o), plan| pipe.run(i, o, kernel, plan, Timeline::Off),
+                |(_, o)| poison(o.as_mut_slice()),
+                |(_, o)| mismatches(o.as_slice(), &want),
                 pb,
             )
             .await?;
-            let want = reference(n, |i| kernel.reference(x[i]));
-            (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
+            (plan, ms, iqr, tried, bad)
         }
         Variant::Bf16InF32Out | Variant::Bf16BothWays => {
             let mut xb = vec![bf16::ZERO; n];
@@ -278,16 +319,18 @@ async fn measure(
                     c.launch(&k.to_f32, config, (S, x, y))
                 });
                 let bundle = ((input,), (pool.alloc::<f32>(n)?,));
-                let ((_, (out,)), plan, ms, iqr, tried) = best_plan(
+                let want = reference(n, |i| xb[i].to_f32() * S);
+                let (_, plan, ms, iqr, tried, bad) = best_plan(
                     plans,
                     reps,
                     bundle,
                     |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
+                    |(_, (o,))| poison(o.as_mut_slice()),
+                    |(_, (o,))| mismatches(o.as_slice(), &want),
                     pb,
                 )
                 .await?;
-                let want = reference(n, |i| convert::scale_widen(xb[i], S));
-                (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
+                (plan, ms, iqr, tried, bad)
             } else {
                 let stage = stage(|c, chunk| {
                     let (x, y) = (chunk.input::<bf16>(0)?, chunk.output::<bf16>(0)?);
@@ -295,16 +338,18 @@ async fn measure(
                     c.launch(&k.both, config, (S, x, y))
                 });
                 let bundle = ((input,), (pool.alloc::<bf16>(n)?,));
-                let ((_, (out,)), plan, ms, iqr, tried) = best_plan(
+                let want = reference(n, |i| bf16::from_f32(xb[i].to_f32() * S));
+                let (_, plan, ms, iqr, tried, bad) = best_plan(
                     plans,
                     reps,
                     bundle,
                     |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
+                    |(_, (o,))| poison(o.as_mut_slice()),
+                    |(_, (o,))| mismatches(o.as_slice(), &want),
                     pb,
                 )
                 .await?;
-                let want = reference(n, |i| convert::scale_narrow(xb[i], S));
-                (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
+                (plan, ms, iqr, tried, bad)
             }
         }
         Variant::Saxpy => {
@@ -321,16 +366,18 @@ async fn measure(
                 (pinned(pool, &x)?, pinned(pool, &y)?),
                 (pool.alloc::<f32>(n)?,),
             );
-            let ((_, (out,)), plan, ms, iqr, tried) = best_plan(
+            let want = reference(n, |i| A.mul_add(x[i], y[i]));
+            let (_, plan, ms, iqr, tried, bad) = best_plan(
                 plans,
                 reps,
                 bundle,
                 |(i, o), plan| pipe.run_stage(i, o, plan, Timeline::Off, stage),
+                |(_, (o,))| poison(o.as_mut_slice()),
+                |(_, (o,))| mismatches(o.as_slice(), &want),
                 pb,
             )
             .await?;
-            let want = reference(n, |i| gpu_kernels::elementwise::saxpy(A, x[i], y[i]));
-            (plan, ms, iqr, tried, mismatches(out.as_slice(), &want))
+            (plan, ms, iqr, tried, bad)
         }
     };
     let bound_by_pieces = bidirectional_bytes_ms(
@@ -359,8 +406,9 @@ async fn measure(
         bound_by_pieces,
         over_bound: ms / bound_ms,
         vs_f32: f64::NAN,
-        mismatches,
-        verified: mismatches == 0,
+        mismatches: bad.iter().fold(0usize, |a, &b| a.saturating_add(b)),
+        verified: bad.iter().all(|&b| b == 0),
+        plan_verified: bad.iter().map(|&b| b == 0).collect(),
         reps,
     })
 }
@@ -382,7 +430,7 @@ fn conversion(pool: &PinnedPool, n: usize, reps: usize) -> Result<Conversion> {
         .as_slice()
         .iter()
         .zip(&x)
-        .all(|(d, s)| d.to_bits() == convert::narrow_bits(*s));
+        .all(|(d, s)| d.to_bits() == bf16::from_f32(*s).to_bits());
     let ms = median(&times);
     Ok(Conversion {
         n,

@@ -8,7 +8,7 @@
 use super::fmt::{elems, faster_or_slower, size, Words};
 use super::report::percentile;
 use futures::TryFutureExt;
-use host::testing::{random_floats, verify};
+use host::testing::{poison, random_floats, verify};
 use host::{
     Device, DeviceBuffer, Error, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, PooledBuffer,
     Result, Stream,
@@ -53,10 +53,20 @@ pub struct Comparison {
     pub bound_by_pieces: Vec<(usize, f64)>,
     /// async / bound (1.0 is the copy bound itself).
     pub async_over_bound: f64,
-    /// Every checked output element equalled the CPU reference bit for bit.
+    /// The synchronous run and every plan in `plans` verified
+    /// (`sync_verified` and each of `plan_verified`).
     pub verified: bool,
-    /// Elements checked: all of them, or for heavy kernels (n * k over 4e9
-    /// FMAs) the first and last 4096 plus a random sample of a million.
+    /// The synchronous variant's checked run (its warm-up, into an output
+    /// poisoned with NaN beforehand) equalled the CPU reference bit for bit.
+    pub sync_verified: bool,
+    /// For each plan in `plans`, the same for its checked run (its warm-up,
+    /// into an output poisoned beforehand).
+    pub plan_verified: Vec<bool>,
+    /// Mismatching elements of each plan's checked run.
+    pub plan_mismatches: Vec<usize>,
+    /// Elements checked in each checked run: all of them, or for heavy
+    /// kernels (n * k over 4e9 FMAs) the first and last 4096 plus a million
+    /// drawn uniformly (`host::testing::verify`).
     pub checked: usize,
     /// Repetitions behind each median.
     pub reps: usize,
@@ -127,9 +137,15 @@ pub async fn compare(
     let stream = Stream::new(device)?;
 
     // Synchronous: each stage waited for before the next is issued. The
-    // first repetition is a warm-up.
+    // first repetition is a warm-up, and the checked run: its output is
+    // poisoned beforehand, so an element it did not write cannot pass.
     let (mut sync, mut stages) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
+    let mut sync_verified = false;
+    let mut checked = usize::MAX;
     for rep in 0..=reps {
+        if rep == 0 {
+            poison(output.as_mut_slice());
+        }
         let t = Instant::now();
         let ((i, d), ()) = stream.copy_h2d(input, dev).await?;
         let h2d = ms(t);
@@ -146,9 +162,14 @@ pub async fn compare(
             }
         }
         (input, dev, output) = (i, d, o);
+        if rep == 0 {
+            // Each repetition copies the input in afresh: one application.
+            let (c, bad) = verify(kernel, input.as_slice(), output.as_slice());
+            sync_verified = bad == 0 && c > 0;
+            checked = checked.min(c);
+        }
         progress.inc(1);
     }
-    // The sync result after `reps + 1` applications is not checked: restore input.
     drop(dev);
 
     // Pipelined, for each plan; the input is re-read each time (the kernel
@@ -160,10 +181,15 @@ pub async fn compare(
     };
     // Repetitions interleave the plans (plan 1, plan 2, ..., plan 1, ...), so
     // a drift in the machine's state affects every plan alike.
+    // Each plan's warm-up run is its checked run, into a poisoned output.
     let mut times = vec![Vec::new(); plans.len()];
     let mut enqueue = vec![Vec::new(); plans.len()];
+    let mut plan_mismatches = vec![usize::MAX; plans.len()];
     for rep in 0..=reps {
         for (k, &plan) in plans.iter().enumerate() {
+            if rep == 0 {
+                poison(output.as_mut_slice());
+            }
             let t = Instant::now();
             let job = pipeline.run(input, output, kernel, plan, host::Timeline::Off);
             let issued = ms(t);
@@ -173,9 +199,15 @@ pub async fn compare(
                 enqueue[k].push(issued);
             }
             (input, output) = (i, o);
+            if rep == 0 {
+                let (c, bad) = verify(kernel, input.as_slice(), output.as_slice());
+                plan_mismatches[k] = if c > 0 { bad } else { usize::MAX };
+                checked = checked.min(c);
+            }
             progress.inc(1);
         }
     }
+    let plan_verified: Vec<bool> = plan_mismatches.iter().map(|&m| m == 0).collect();
     let iqrs: Vec<[f64; 2]> = times.iter().map(|t| iqr(t)).collect();
     let tried: Vec<(Plan, f64)> = plans
         .iter()
@@ -190,9 +222,7 @@ pub async fn compare(
         .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
         .ok_or_else(|| Error::InvalidArgument("no plan".into()))?;
 
-    // The last pipelined run's output, against the CPU, bit for bit.
-    let (checked, mismatches) = verify(kernel, input.as_slice(), output.as_slice());
-    let verified = mismatches == 0 && checked > 0;
+    let verified = sync_verified && plan_verified.iter().all(|&v| v);
 
     // The bidirectional bound: n floats in on one stream while n floats go out
     // on another.
@@ -231,6 +261,9 @@ pub async fn compare(
         bound_by_pieces,
         async_over_bound: async_ms / bound_ms,
         verified,
+        sync_verified,
+        plan_verified,
+        plan_mismatches,
         checked,
         reps,
     })
@@ -391,11 +424,19 @@ impl Comparison {
             "  {}; {}",
             self.overlap_words(),
             if self.verified {
-                "verified bit for bit"
+                "verified bit for bit (a run of each variant and plan)"
             } else {
                 "RESULT MISMATCH"
             }
         );
+        if !self.sync_verified {
+            println!("  RESULT MISMATCH: the synchronous run");
+        }
+        for ((plan, _), &bad) in self.plans.iter().zip(&self.plan_mismatches) {
+            if bad != 0 {
+                println!("  RESULT MISMATCH: {plan}: {bad} elements wrong");
+            }
+        }
         if let Some(b) = self.bound_words() {
             println!("  {b}");
         }

@@ -60,7 +60,8 @@ fn on_device(
     kernel: Kernel,
 ) -> host::Result<PinnedBuffer<f32>> {
     let input = PinnedBuffer::from_slice(device, x)?;
-    let output = PinnedBuffer::<f32>::new(device, x.len())?;
+    let mut output = PinnedBuffer::<f32>::new(device, x.len())?;
+    host::testing::poison(output.as_mut_slice());
     let dev = DeviceBuffer::<f32>::new(device, x.len())?;
     let ((_, _, output), ()) = block_on(stream.run((input, dev, output), |c, (i, d, o)| {
         let d = d.view_mut();
@@ -85,7 +86,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         let mut want = vec![0f32; n];
         par_chunks(&mut want, |off, c| {
             for (i, w) in c.iter_mut().enumerate() {
-                *w = kernel.reference(x[off + i]);
+                *w = host::testing::expected(kernel, x[off + i]);
             }
         });
         let bad = mismatches(got.as_slice(), &want);
@@ -104,7 +105,8 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
     let y = random_floats(n, 0xBEEF);
     let xs = PinnedBuffer::from_slice(device, &x)?;
     let ys = PinnedBuffer::from_slice(device, &y)?;
-    let out = PinnedBuffer::<f32>::new(device, n)?;
+    let mut out = PinnedBuffer::<f32>::new(device, n)?;
+    host::testing::poison(out.as_mut_slice());
     let (dx, dy) = (
         DeviceBuffer::<f32>::new(device, n)?,
         DeviceBuffer::<f32>::new(device, n)?,
@@ -122,7 +124,8 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
     let mut want = vec![0f32; n];
     par_chunks(&mut want, |off, c| {
         for (i, w) in c.iter_mut().enumerate() {
-            *w = gpu_kernels::elementwise::saxpy(a, x[off + i], y[off + i]);
+            // One fused multiply-add, as the kernel computes it.
+            *w = a.mul_add(x[off + i], y[off + i]);
         }
     });
     let bad = mismatches(out.as_slice(), &want);

@@ -107,7 +107,9 @@ pub fn run(
                     let n = rng.usize(1_000..max_n);
                     let mut input = pool.alloc::<f32>(n)?;
                     host::testing::random_floats(input.as_mut_slice(), rng.u64(..));
-                    let output = pool.alloc::<f32>(n)?;
+                    // Poisoned: a pooled block may hold an earlier job's answer.
+                    let mut output = pool.alloc::<f32>(n)?;
+                    host::testing::poison(output.as_mut_slice());
                     let kernel = if rng.bool() {
                         Kernel::Scale { s: 0.75 }
                     } else {
@@ -126,7 +128,9 @@ pub fn run(
                         .as_slice()
                         .iter()
                         .zip(output.as_slice())
-                        .filter(|(x, y)| kernel.reference(**x).to_bits() != y.to_bits())
+                        .filter(|(x, y)| {
+                            host::testing::expected(kernel, **x).to_bits() != y.to_bits()
+                        })
                         .count();
                     bad.fetch_add(wrong as u64, Ordering::Relaxed);
                     elements.fetch_add(n as u64, Ordering::Relaxed);

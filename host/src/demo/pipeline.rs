@@ -284,12 +284,9 @@ pub async fn timeline(
     let output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 1.5 };
     // Warm-up, then the recorded run.
-    let ((input, output), _) = pipeline
-        .run(input, output, kernel, plan, Timeline::Off)
-        .await?;
-    let ((input, output), info) = pipeline
-        .run(input, output, kernel, plan, Timeline::Record)
-        .await?;
+    let ((input, mut output), _) = pipeline.run(input, output, kernel, plan, Timeline::Off).await?;
+    host::testing::poison(output.as_mut_slice());
+    let ((input, output), info) = pipeline.run(input, output, kernel, plan, Timeline::Record).await?;
     let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
         return Err(host::Error::InvalidArgument(
@@ -364,12 +361,12 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
             Kernel::Intensity { k } => ("intensity", Some(k)),
         };
         results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "sync", "chunks": 1, "streams": 1,
-            "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": true}));
-        for (p, ms) in &c.plans {
+            "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.sync_verified, "best": true}));
+        for ((p, ms), verified) in c.plans.iter().zip(&c.plan_verified) {
             results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams_used(), "buffers": p.slots(), "ramp": p.ramp,
                 "chain": matches!(p.layout, host::Layout::RoundRobin { chain: true, .. }),
                 "layout": p.layout.name(),
-                "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": c.verified, "best": *p == c.plan}));
+                "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": verified, "best": *p == c.plan}));
         }
     }
     serde_json::json!({"peer": "host-rust", "gpu": device.info().name, "driver": device.info().driver, "results": results})

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Planted faults: each patch in .ci/mutations/ breaks the library or a kernel
+# in one known way, and every check listed for it below must then fail. A
+# check that still passes with its fault planted checks nothing: this script
+# then fails. Each patch is applied with `git apply`, its checks are run (the
+# CPU emulation, debug builds: the library, one test binary or two and the
+# demonstration's binary), and the patch is reverted, also on failure or
+# interruption.
+#
+# Usage: .ci/mutants.sh [NAME...]   (default: every patch in .ci/mutations)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never HOST_BACKEND=cpu
+out=target/ci-mutants
+mkdir -p "$out"
+
+# The checks each fault must fail, one command a line.
+demo="cargo run -q -p host -- --backend cpu --out-dir $out"
+checks() {
+  case $1 in
+  skip-one-d2h)
+    echo "cargo test -q -p host --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
+    echo "$demo compare --sizes 100000 --reps 1"
+    echo "$demo compare-sync-async --size 1000000"
+    echo "$demo sweep --sizes 1000000"
+    echo "$demo fewer-bytes --sizes 100000 --reps 1"
+    ;;
+  skip-chained-kernel)
+    echo "cargo test -q -p host --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
+    echo "$demo compare --sizes 100000 --reps 1"
+    ;;
+  no-end-of-run-waits)
+    echo "cargo test -q -p host --test pipeline_stages -- --exact a_run_ends_only_when_every_stream_has_finished_its_chunks::cpu"
+    ;;
+  scale-off-by-1e-4)
+    echo "$demo kernels --n 100000"
+    echo "$demo compare --sizes 100000 --reps 1"
+    echo "cargo test -q -p host --test pipeline_stages -- --exact arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back::cpu"
+    ;;
+  vec-is-pinned)
+    # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
+    echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"
+    ;;
+  *)
+    return 1
+    ;;
+  esac
+}
+
+if [ $# -gt 0 ]; then
+  names=("$@")
+else
+  names=()
+  for p in .ci/mutations/*.patch; do
+    names+=("$(basename "$p" .patch)")
+  done
+fi
+[ "${#names[@]}" -gt 0 ] || { echo "mutants: no patches in .ci/mutations"; exit 1; }
+
+applied=""
+revert() {
+  if [ -n "$applied" ]; then
+    git apply -R "$applied" || echo "mutants: could not revert $applied: revert it by hand"
+    applied=""
+  fi
+}
+trap revert EXIT INT TERM
+
+failed=0
+for name in "${names[@]}"; do
+  patch=.ci/mutations/$name.patch
+  list=$(checks "$name") || { echo "mutants: $name: no checks listed in $0"; exit 1; }
+  start=$SECONDS
+  echo "== mutant $name"
+  git apply --check "$patch" || { echo "mutants: $patch does not apply: update it"; exit 1; }
+  git apply "$patch"
+  applied=$patch
+  # Build first, so that a fault that breaks the build is not taken for a
+  # caught one.
+  cargo build -q -p host --bin host
+  while IFS= read -r check; do
+    log="$out/$name.$(printf '%s' "$check" | tr -c 'A-Za-z0-9_-' '_' | cut -c1-80).log"
+    rc=0
+    timeout 300 bash -c "$check" > "$log" 2>&1 || rc=$?
+    if [ "$rc" = 0 ]; then
+      echo "   NOT CAUGHT: $check (passed with the fault planted; log $log)"
+      failed=1
+    elif [ "$rc" = 124 ]; then
+      echo "   TIMED OUT: $check (log $log)"
+      failed=1
+    elif grep -q "^error: could not compile" "$log"; then
+      echo "   BUILD FAILED: $check (log $log)"
+      failed=1
+    elif grep -q "^running 0 tests" "$log" && ! grep -qE "^running [1-9]" "$log"; then
+      echo "   RAN NO TEST: $check (log $log)"
+      failed=1
+    else
+      echo "   caught: $check (exit $rc)"
+    fi
+  done <<< "$list"
+  revert
+  echo "   ($name: $((SECONDS - start)) s)"
+done
+[ "$failed" = 0 ] || { echo "mutants: a planted fault went unnoticed"; exit 1; }
+echo "mutants: every planted fault caught (${names[*]})"
