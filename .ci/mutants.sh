@@ -37,6 +37,9 @@ checks() {
     echo "$demo compare --sizes 100000 --reps 1"
     echo "cargo test -q -p host --test pipeline_stages -- --exact arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back::cpu"
     ;;
+  staging-skip-one-block)
+    echo "cargo test -q -p host --test staging -- --exact every_byte_lands_both_ways_by_every_route_at_any_offset::cpu"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"
