@@ -79,7 +79,9 @@ if [ "$mode" = staging ]; then
   tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
   timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
   grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
-  PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
+  # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
+  # at once after their work instead of spinning on the cores the copies use.
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
 fi
 

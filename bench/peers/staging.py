@@ -19,7 +19,9 @@ Device to host, into an existing pageable array `out` unless said:
   * gpufeed_to_host:     gpufeed.to_host(d, out=out)
 
 Timing: host wall time (time.perf_counter) around each call, including the
-synchronize; one untimed warm-up, then --reps runs (--slow-reps for the
+synchronize, 10 ms after the run's preparation (so the checker's own
+threads are idle; run it with OMP_WAIT_POLICY=PASSIVE so PyTorch's OpenMP
+threads sleep instead of spinning on the cores the copies use); one untimed warm-up, then --reps runs (--slow-reps for the
 idioms below 20 GB/s at the largest sizes); GB/s = bytes / median.
 Checks: gpufeed's every run (sources alternate between `a` and `a ^ mask`,
 which differ in every element; host destinations filled with NaN first),
@@ -99,6 +101,7 @@ def main():
                 if prepare:
                     prepare(r)
                 torch.cuda.synchronize()
+                time.sleep(0.01)
                 t0 = time.perf_counter()
                 res = call(r)
                 t = time.perf_counter() - t0

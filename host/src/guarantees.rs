@@ -246,3 +246,48 @@
 //! let job = s1.run(ones, move |c, h| c.copy_batch([host::Transfer::h2d(h.host(), view)]));
 //! # Ok(()) }
 //! ```
+//!
+//! # 12. A staged copy borrows its host memory and its device buffer
+//! [`Staging`](crate::Staging) copies ordinary memory; the copy future
+//! borrows the host slice (shared one way, exclusively the other) and the
+//! device buffer until it resolves or is dropped. Writing the source while
+//! it is being sent would send torn data:
+//! ```compile_fail,E0502
+//! # async fn f(device: &host::Device, staging: &host::Staging) -> host::Result<()> {
+//! let mut data = vec![1.0f32; 1024];
+//! let mut dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let copy = staging.h2d(&data, &mut dev);
+//! data[0] = 2.0;
+//! copy.await?;
+//! # Ok(()) }
+//! ```
+//! Reading the destination before the copy has filled it:
+//! ```compile_fail,E0502
+//! # async fn f(device: &host::Device, staging: &host::Staging) -> host::Result<()> {
+//! let mut out = vec![0.0f32; 1024];
+//! let dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let copy = staging.d2h(&dev, &mut out);
+//! let first = out[0];
+//! copy.await?;
+//! # Ok(()) }
+//! ```
+//! Using the device buffer in a job meanwhile:
+//! ```compile_fail,E0499
+//! # async fn f(device: &host::Device, staging: &host::Staging, s: &host::Stream) -> host::Result<()> {
+//! let data = vec![1.0f32; 1024];
+//! let mut dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let copy = staging.h2d(&data, &mut dev);
+//! let view = dev.view_mut();
+//! copy.await?;
+//! # Ok(()) }
+//! ```
+//! Nor can the copy outlive the memory it reads:
+//! ```compile_fail,E0597
+//! # fn f(device: &host::Device, staging: &host::Staging) -> host::Result<()> {
+//! let mut dev = host::DeviceBuffer::<f32>::new(device, 1024)?;
+//! let copy = {
+//!     let data = vec![1.0f32; 1024];
+//!     staging.h2d(&data, &mut dev)
+//! };
+//! # drop(copy); Ok(()) }
+//! ```

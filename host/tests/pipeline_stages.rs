@@ -177,13 +177,14 @@ fn every_path_keeps_every_bit<T>(
     );
     let mut out = pool.alloc::<T>(n).unwrap();
     poison(out.as_mut_slice());
-    let (((input,), (out,)), _) =
-        block_on(
-            pipe.run_stage((input,), (out,), Plan::engines(5, 3), host::Timeline::Off, |c, chunk| {
-                c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?)
-            }),
-        )
-        .unwrap();
+    let (((input,), (out,)), _) = block_on(pipe.run_stage(
+        (input,),
+        (out,),
+        Plan::engines(5, 3),
+        host::Timeline::Off,
+        |c, chunk| c.copy_d2d(chunk.input::<T>(0)?, chunk.output::<T>(0)?),
+    ))
+    .unwrap();
     assert!(
         bits(out.as_slice()) == bits(&data),
         "{}",

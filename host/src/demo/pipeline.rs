@@ -284,9 +284,13 @@ pub async fn timeline(
     let output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 1.5 };
     // Warm-up, then the recorded run.
-    let ((input, mut output), _) = pipeline.run(input, output, kernel, plan, Timeline::Off).await?;
+    let ((input, mut output), _) = pipeline
+        .run(input, output, kernel, plan, Timeline::Off)
+        .await?;
     host::testing::poison(output.as_mut_slice());
-    let ((input, output), info) = pipeline.run(input, output, kernel, plan, Timeline::Record).await?;
+    let ((input, output), info) = pipeline
+        .run(input, output, kernel, plan, Timeline::Record)
+        .await?;
     let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
         return Err(host::Error::InvalidArgument(

@@ -142,6 +142,13 @@ impl From<StagingConfig> for ConfigJson {
     }
 }
 
+/// Lets the checker's own threads (rayon's, which spin a while after their
+/// work) go idle before a timed run, so the run measures the engine, not a
+/// fight for cores with the bench.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(10));
+}
+
 /// CPU seconds (user + system) this process has used.
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage writes the struct it is given.
@@ -311,6 +318,7 @@ impl Case<'_> {
         for rep in 0..=self.reps {
             let src = self.src.get(rep, self.n);
             let mut own = Vec::new();
+            settle();
             match prep {
                 Prep::Nothing => {}
                 Prep::OwnVec => own = src.to_vec(),
@@ -349,6 +357,7 @@ impl Case<'_> {
             bufs = bufs.upload(self.stream, src)?;
             out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
             bufs.pinned.as_mut_slice().fill(POISON);
+            settle();
             let (c0, t0) = (cpu_seconds(), Instant::now());
             bufs = copy(out, bufs)?;
             let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
