@@ -432,6 +432,94 @@ impl Staging {
         copy
     }
 
+    /// Reads `dst.len()` values from `file`, starting at byte `at`, into
+    /// `dst`: parallel `pread`s by the workers into the pinned ring, each
+    /// block's DMA overlapping the reads of the next. The file is read
+    /// through the page cache (a file in the cache arrives at the link's
+    /// speed; a cold one at the disk's).
+    ///
+    /// # Errors
+    /// [`Error::Io`]: the system's error (a directory, a file opened for
+    /// writing only), or `UnexpectedEof` when the file ends before `dst`
+    /// is full (truncated, or shrinking during the read); `dst` then holds
+    /// unspecified data. As [`Staging::h2d`] otherwise.
+    ///
+    /// # Cancel safety
+    /// As [`Staging::h2d`]: no read runs once the future is dropped.
+    pub fn read_file<'a, T: Pod>(
+        &'a self,
+        file: &'a std::fs::File,
+        at: u64,
+        dst: &'a mut DeviceBuffer<T>,
+    ) -> StagedCopy<'a> {
+        let (device, addr, in_flight) = dst.staging_parts();
+        let bytes = dst.len() * std::mem::size_of::<T>();
+        let mut copy = StagedCopy::new(
+            &self.engine,
+            Dir::FileIn { file, at },
+            addr,
+            bytes,
+            in_flight,
+        );
+        copy.fail_unless(self.same_device(device));
+        copy
+    }
+
+    /// Writes the values of `src` to `file` from byte `at` (parallel
+    /// `pwrite`s of each block as it arrives from the device).
+    ///
+    /// # Errors
+    /// [`Error::Io`]: the system's error (`StorageFull` on a full disk, a
+    /// file opened read-only); the file then holds part of the data: write
+    /// to a temporary name and rename it when this succeeds.
+    ///
+    /// # Cancel safety
+    /// As [`Staging::d2h`]: no write runs once the future is dropped.
+    pub fn write_file<'a, T: Pod>(
+        &'a self,
+        src: &'a DeviceBuffer<T>,
+        file: &'a std::fs::File,
+        at: u64,
+    ) -> StagedCopy<'a> {
+        let (device, addr, in_flight) = src.staging_parts();
+        let bytes = src.len() * std::mem::size_of::<T>();
+        let mut copy = StagedCopy::new(
+            &self.engine,
+            Dir::FileOut { file, at },
+            addr,
+            bytes,
+            in_flight,
+        );
+        copy.fail_unless(self.same_device(device));
+        copy
+    }
+
+    /// [`Staging::read_file`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::read_file`].
+    pub fn read_file_blocking<T: Pod>(
+        &self,
+        file: &std::fs::File,
+        at: u64,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        crate::block::block_on(self.read_file(file, at, dst))
+    }
+
+    /// [`Staging::write_file`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::write_file`].
+    pub fn write_file_blocking<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        file: &std::fs::File,
+        at: u64,
+    ) -> Result<()> {
+        crate::block::block_on(self.write_file(src, file, at))
+    }
+
     /// [`Staging::h2d`] for synchronous code: returns when the data is on
     /// the device. Never call it on an executor thread.
     ///
@@ -472,11 +560,28 @@ impl Staging {
     }
 }
 
-/// Which way a staged copy goes, with the user's host memory.
+/// Which way a staged copy goes, with the user's host memory or file.
 #[derive(Clone, Copy)]
 enum Dir {
     H2d(*const u8),
     D2h(*mut u8),
+    /// From a file (borrowed), from offset `at`.
+    FileIn {
+        file: *const std::fs::File,
+        at: u64,
+    },
+    /// To a file (borrowed), from offset `at`.
+    FileOut {
+        file: *const std::fs::File,
+        at: u64,
+    },
+}
+
+impl Dir {
+    /// Toward the device.
+    fn is_upload(self) -> bool {
+        matches!(self, Dir::H2d(_) | Dir::FileIn { .. })
+    }
 }
 
 /// A block lent to a copy, with the completion of its DMA.
@@ -557,14 +662,19 @@ impl<'a> StagedCopy<'a> {
         self
     }
 
-    /// The route this copy takes.
+    /// The route this copy takes (files: always the ring, whose reads and
+    /// writes are the workers' own).
     fn route(&self) -> Route {
         let c = &self.engine.config;
+        if matches!(self.dir, Dir::FileIn { .. } | Dir::FileOut { .. }) {
+            return Route::Staged;
+        }
         match c.route {
             Route::Auto => {
                 let below = match self.dir {
                     Dir::H2d(_) => c.direct_h2d_below,
                     Dir::D2h(_) => c.direct_d2h_below,
+                    Dir::FileIn { .. } | Dir::FileOut { .. } => 0,
                 };
                 if self.total < below {
                     Route::Direct
@@ -589,6 +699,51 @@ impl<'a> StagedCopy<'a> {
             Dir::H2d(src) => unsafe { backend.copy_h2d_sync(self.dev, src, self.total) },
             // SAFETY: as above, the host slice borrowed exclusively.
             Dir::D2h(dst) => unsafe { backend.copy_d2h_sync(dst, self.dev, self.total) },
+            Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
+                "a file copy taking the direct route".into(),
+            )),
+        }
+    }
+
+    /// Fills `block` with the source's bytes from offset `off` (toward
+    /// the device: the user's slice, or the file).
+    fn fill(&self, off: usize, block: &mut [u8]) -> Result<()> {
+        match self.dir {
+            Dir::H2d(src) => {
+                // SAFETY: `src` is the borrowed slice of `total` bytes, alive
+                // and unchanged while this future lives; the piece lies in it.
+                let piece = unsafe { std::slice::from_raw_parts(src.add(off), block.len()) };
+                self.engine.par_copy(piece, block)
+            }
+            Dir::FileIn { file, at } => {
+                // SAFETY: the file is borrowed for the future's life.
+                let file = unsafe { &*file };
+                self.engine.workers.read(file, at + off as u64, block)
+            }
+            Dir::D2h(_) | Dir::FileOut { .. } => Err(Error::Internal(
+                "fill of a copy away from the device".into(),
+            )),
+        }
+    }
+
+    /// Hands `block` (arrived from the device) to the destination at
+    /// offset `off` (the user's slice, or the file).
+    fn drain(&self, off: usize, block: &[u8]) -> Result<()> {
+        match self.dir {
+            Dir::D2h(dst) => {
+                // SAFETY: `dst` is the exclusively borrowed slice of `total`
+                // bytes, alive while this future lives; the piece lies in it.
+                let piece = unsafe { std::slice::from_raw_parts_mut(dst.add(off), block.len()) };
+                self.engine.par_copy(block, piece)
+            }
+            Dir::FileOut { file, at } => {
+                // SAFETY: the file is borrowed for the future's life.
+                let file = unsafe { &*file };
+                self.engine.workers.write(file, at + off as u64, block)
+            }
+            Dir::H2d(_) | Dir::FileIn { .. } => {
+                Err(Error::Internal("drain of a copy toward the device".into()))
+            }
         }
     }
 
@@ -635,9 +790,10 @@ impl<'a> StagedCopy<'a> {
     fn issue(&mut self, block: PooledBuffer<u8>, len: usize) -> Result<()> {
         let off = self.next;
         let dev = self.dev + off as u64;
-        let stream = match self.dir {
-            Dir::H2d(_) => &self.engine.h2d,
-            Dir::D2h(_) => &self.engine.d2h,
+        let stream = if self.dir.is_upload() {
+            &self.engine.h2d
+        } else {
+            &self.engine.d2h
         };
         let raw = stream.raw();
         // SAFETY: the block is pinned memory of the engine, held in `ring`
@@ -645,9 +801,10 @@ impl<'a> StagedCopy<'a> {
         // DMA fires; the device range lies in the borrowed buffer, whose
         // `in_flight` record keeps its next use and its free behind it.
         let issued = unsafe {
-            match self.dir {
-                Dir::H2d(_) => raw.copy_h2d(dev, block.ptr(), len),
-                Dir::D2h(_) => raw.copy_d2h(block.ptr(), dev, len),
+            if self.dir.is_upload() {
+                raw.copy_h2d(dev, block.ptr(), len)
+            } else {
+                raw.copy_d2h(block.ptr(), dev, len)
             }
         };
         if let Err(e) = issued {
@@ -674,7 +831,7 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    fn poll_h2d(&mut self, src: *const u8, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    fn poll_h2d(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         loop {
             if self.next < self.total {
                 let mut block = match self.next_block(cx) {
@@ -683,13 +840,7 @@ impl<'a> StagedCopy<'a> {
                     Err(e) => return Poll::Ready(Err(e)),
                 };
                 let len = (self.total - self.next).min(self.engine.config.block_bytes);
-                // SAFETY: `src` is the borrowed slice of `total` bytes, alive
-                // and unchanged while this future lives.
-                let piece = unsafe { std::slice::from_raw_parts(src.add(self.next), len) };
-                if let Err(e) = self
-                    .engine
-                    .par_copy(piece, &mut block.as_mut_slice()[..len])
-                {
+                if let Err(e) = self.fill(self.next, &mut block.as_mut_slice()[..len]) {
                     self.engine.give_back(block);
                     return Poll::Ready(Err(e));
                 }
@@ -715,7 +866,7 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    fn poll_d2h(&mut self, dst: *mut u8, cx: &mut Context<'_>) -> Poll<Result<()>> {
+    fn poll_d2h(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let block_bytes = self.engine.config.block_bytes;
         loop {
             // Fetch ahead into every block at hand.
@@ -752,13 +903,7 @@ impl<'a> StagedCopy<'a> {
             let Some(slot) = self.ring.pop_front() else {
                 continue;
             };
-            // SAFETY: `dst` is the exclusively borrowed slice of `total`
-            // bytes, alive while this future lives; the piece lies in it.
-            let piece = unsafe { std::slice::from_raw_parts_mut(dst.add(slot.off), slot.len) };
-            if let Err(e) = self
-                .engine
-                .par_copy(&slot.block.as_slice()[..slot.len], piece)
-            {
+            if let Err(e) = self.drain(slot.off, &slot.block.as_slice()[..slot.len]) {
                 self.engine.give_back(slot.block);
                 return Poll::Ready(Err(e));
             }
@@ -791,9 +936,10 @@ impl Future for StagedCopy<'_> {
         let polled = if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
             Poll::Ready(this.direct())
         } else {
-            match this.dir {
-                Dir::H2d(src) => this.poll_h2d(src, cx),
-                Dir::D2h(dst) => this.poll_d2h(dst, cx),
+            if this.dir.is_upload() {
+                this.poll_h2d(cx)
+            } else {
+                this.poll_d2h(cx)
             }
         };
         if polled.is_ready() {

@@ -33,13 +33,24 @@ pub(crate) const SPIN_FOR: Duration = Duration::from_millis(2);
 /// one cache line, and pages map whole).
 const PIECE_ALIGN: usize = 4096;
 
-/// One block to copy: `len` bytes from `src` to `dst`, in `parts` pieces.
+/// One block's work: `len` bytes in `parts` pieces, each piece a copy, a
+/// read from a file or a write to one.
 #[derive(Clone, Copy)]
 struct Job {
-    src: usize,
-    dst: usize,
+    what: What,
     len: usize,
     parts: usize,
+}
+
+/// What a piece of a job does with its range (addresses as integers).
+#[derive(Clone, Copy)]
+enum What {
+    /// Copies `src..src + len` to `dst`.
+    Copy { src: usize, dst: usize },
+    /// Reads the file `fd` from offset `at` into `dst` (`pread`).
+    Read { fd: i32, at: u64, dst: usize },
+    /// Writes `src` to the file `fd` at offset `at` (`pwrite`).
+    Write { fd: i32, at: u64, src: usize },
 }
 
 struct Shared {
@@ -47,8 +58,9 @@ struct Shared {
     generation: AtomicU64,
     /// Pieces of the current job not yet copied.
     left: AtomicUsize,
-    /// A worker's panic during the current job.
-    panicked: Mutex<Option<String>>,
+    /// The first failure of a piece of the current job (a panic, an I/O
+    /// error).
+    failed: Mutex<Option<Error>>,
     parked: AtomicUsize,
     wake: Condvar,
     sleep: Mutex<()>,
@@ -74,14 +86,13 @@ impl CopyWorkers {
     pub(crate) fn start(n: usize, init: impl Fn() + Send + Sync + Clone + 'static) -> Result<Self> {
         let shared = Arc::new(Shared {
             job: Mutex::new(Job {
-                src: 0,
-                dst: 0,
+                what: What::Copy { src: 0, dst: 0 },
                 len: 0,
                 parts: 0,
             }),
             generation: AtomicU64::new(0),
             left: AtomicUsize::new(0),
-            panicked: Mutex::new(None),
+            failed: Mutex::new(None),
             parked: AtomicUsize::new(0),
             wake: Condvar::new(),
             sleep: Mutex::new(()),
@@ -122,29 +133,70 @@ impl CopyWorkers {
     /// pieces are still done before this returns).
     pub(crate) fn copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
         assert_eq!(src.len(), dst.len(), "CopyWorkers::copy of unequal lengths");
+        let what = What::Copy {
+            src: src.as_ptr() as usize,
+            dst: dst.as_mut_ptr() as usize,
+        };
+        // SAFETY: `src` and `dst` are borrowed for the call, `len` bytes each.
+        unsafe { self.run(what, src.len()) }
+    }
+
+    /// Fills `dst` from `file` at offset `at`, in parallel `pread`s.
+    ///
+    /// # Errors
+    /// [`Error::Io`]: the system's error, or `UnexpectedEof` when the file
+    /// ends before `dst` is full (a truncated file, or one that shrank).
+    pub(crate) fn read(&self, file: &std::fs::File, at: u64, dst: &mut [u8]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let what = What::Read {
+            fd: file.as_raw_fd(),
+            at,
+            dst: dst.as_mut_ptr() as usize,
+        };
+        // SAFETY: `dst` is borrowed exclusively for the call; the file
+        // (and so its descriptor) for the call too.
+        unsafe { self.run(what, dst.len()) }
+    }
+
+    /// Writes `src` to `file` at offset `at`, in parallel `pwrite`s.
+    ///
+    /// # Errors
+    /// [`Error::Io`]: the system's error (`ENOSPC` on a full disk).
+    pub(crate) fn write(&self, file: &std::fs::File, at: u64, src: &[u8]) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let what = What::Write {
+            fd: file.as_raw_fd(),
+            at,
+            src: src.as_ptr() as usize,
+        };
+        // SAFETY: `src` is borrowed for the call; the file too.
+        unsafe { self.run(what, src.len()) }
+    }
+
+    /// Runs one job of `len` bytes on the workers and this thread.
+    ///
+    /// # Safety
+    /// The ranges `what` names are valid (for reads, or exclusively for
+    /// writes) for `len` bytes, and its descriptor open, until this returns.
+    unsafe fn run(&self, what: What, len: usize) -> Result<()> {
         let participants = self.threads.len() + 1;
-        let parts = src.len().div_ceil(PIECE_ALIGN).clamp(1, participants);
+        let parts = len.div_ceil(PIECE_ALIGN).clamp(1, participants);
         if parts == 1 {
-            return guarded(|| {
-                copy_piece(
-                    &self.shared,
-                    src.as_ptr() as usize,
-                    dst.as_mut_ptr() as usize,
-                    src.len(),
-                    1,
-                    0,
-                )
-            });
+            return do_piece(
+                &self.shared,
+                Job {
+                    what,
+                    len,
+                    parts: 1,
+                },
+                0,
+            );
         }
         let _turn = lock(&self.turn);
         let s = &*self.shared;
-        *lock(&s.job) = Job {
-            src: src.as_ptr() as usize,
-            dst: dst.as_mut_ptr() as usize,
-            len: src.len(),
-            parts,
-        };
-        *lock(&s.panicked) = None;
+        let job = Job { what, len, parts };
+        *lock(&s.job) = job;
+        *lock(&s.failed) = None;
         // Every worker decrements once per job, piece or not.
         s.left.store(self.threads.len(), Ordering::SeqCst);
         s.generation.fetch_add(1, Ordering::SeqCst);
@@ -153,24 +205,15 @@ impl CopyWorkers {
             s.wake.notify_all();
         }
         // The caller's own piece: the last.
-        let mine = guarded(|| {
-            copy_piece(
-                s,
-                src.as_ptr() as usize,
-                dst.as_mut_ptr() as usize,
-                src.len(),
-                parts,
-                parts - 1,
-            )
-        });
+        let mine = do_piece(s, job, parts - 1);
         let mut spins = 0u32;
         while s.left.load(Ordering::Acquire) > 0 {
             spins = spins.saturating_add(1);
             backoff(spins);
         }
         mine?;
-        match lock(&s.panicked).take() {
-            Some(what) => Err(Error::WorkerPanicked(what)),
+        match lock(&s.failed).take() {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -201,12 +244,6 @@ impl Drop for CopyWorkers {
     }
 }
 
-/// Runs `f`, turning a panic into [`Error::WorkerPanicked`].
-fn guarded(f: impl FnOnce()) -> Result<()> {
-    std::panic::catch_unwind(AssertUnwindSafe(f))
-        .map_err(|p| Error::WorkerPanicked(panic_text(&*p)))
-}
-
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -214,26 +251,120 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
-/// Copies piece `index` of `parts` of the `len` bytes at `src` to `dst`.
-fn copy_piece(s: &Shared, src: usize, dst: usize, len: usize, parts: usize, index: usize) {
-    let piece = len.div_ceil(parts).next_multiple_of(PIECE_ALIGN);
-    let start = (piece * index).min(len);
-    let end = (start + piece).min(len);
-    if s.plant.load(Ordering::Relaxed) && s.plant.swap(false, Ordering::SeqCst) {
-        panic!("planted panic in a staging worker");
+/// Does piece `index` of `job`; a panic becomes [`Error::WorkerPanicked`].
+fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
+    let piece = job.len.div_ceil(job.parts).next_multiple_of(PIECE_ALIGN);
+    let start = (piece * index).min(job.len);
+    let end = (start + piece).min(job.len);
+    let run = || -> Result<()> {
+        if s.plant.load(Ordering::Relaxed) && s.plant.swap(false, Ordering::SeqCst) {
+            panic!("planted panic in a staging worker");
+        }
+        if end == start {
+            return Ok(());
+        }
+        match job.what {
+            What::Copy { src, dst } => {
+                // SAFETY: the caller of `run` holds `src` (shared) and `dst`
+                // (exclusive) borrowed for `len` bytes until every piece is
+                // done; pieces are disjoint ranges of them.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (src + start) as *const u8,
+                        (dst + start) as *mut u8,
+                        end - start,
+                    )
+                };
+                Ok(())
+            }
+            What::Read { fd, at, dst } => {
+                // SAFETY: as for a copy: `dst + start..dst + end` is this
+                // piece's part of the exclusively borrowed destination.
+                let buf = unsafe {
+                    std::slice::from_raw_parts_mut((dst + start) as *mut u8, end - start)
+                };
+                pread_all(fd, buf, at + start as u64)
+            }
+            What::Write { fd, at, src } => {
+                // SAFETY: as for a copy, the source borrowed for reads.
+                let buf =
+                    unsafe { std::slice::from_raw_parts((src + start) as *const u8, end - start) };
+                pwrite_all(fd, buf, at + start as u64)
+            }
+        }
+    };
+    match std::panic::catch_unwind(AssertUnwindSafe(run)) {
+        Ok(r) => r,
+        Err(p) => Err(Error::WorkerPanicked(panic_text(&*p))),
     }
-    if end > start {
-        // SAFETY: the caller of `CopyWorkers::copy` holds `src` (shared) and
-        // `dst` (exclusive) borrowed for `len` bytes until every piece is
-        // done; pieces are disjoint ranges of them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (src + start) as *const u8,
-                (dst + start) as *mut u8,
-                end - start,
-            )
-        };
+}
+
+/// Fills `buf` from `fd` at `at`, retrying short reads and interruptions.
+fn pread_all(fd: i32, mut buf: &mut [u8], mut at: u64) -> Result<()> {
+    while !buf.is_empty() {
+        let off = libc::off_t::try_from(at).map_err(|_| {
+            Error::from(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "file offset too large",
+            ))
+        })?;
+        // SAFETY: `buf` is valid for writes of its length; `fd` is open
+        // (the caller's contract).
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off) };
+        match n {
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the file ends before offset {} (truncated, or it shrank during the read)",
+                        at + buf.len() as u64
+                    ),
+                )
+                .into())
+            }
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            n => {
+                let n = n as usize;
+                buf = &mut buf[n..];
+                at += n as u64;
+            }
+        }
     }
+    Ok(())
+}
+
+/// Writes all of `buf` to `fd` at `at`, retrying short writes and interruptions.
+fn pwrite_all(fd: i32, mut buf: &[u8], mut at: u64) -> Result<()> {
+    while !buf.is_empty() {
+        let off = libc::off_t::try_from(at).map_err(|_| {
+            Error::from(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "file offset too large",
+            ))
+        })?;
+        // SAFETY: `buf` is valid for reads of its length; `fd` is open.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off) };
+        match n {
+            0 => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            n if n < 0 => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            n => {
+                let n = n as usize;
+                buf = &buf[n..];
+                at += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One round of waiting on a counter: a pause instruction for the first
@@ -272,13 +403,10 @@ fn work(s: &Shared, index: usize) {
         }
         let job = *lock(&s.job);
         if index + 1 < job.parts {
-            if let Err(e) = guarded(|| copy_piece(s, job.src, job.dst, job.len, job.parts, index)) {
-                let mut p = lock(&s.panicked);
-                if p.is_none() {
-                    *p = Some(match e {
-                        Error::WorkerPanicked(w) => w,
-                        other => other.to_string(),
-                    });
+            if let Err(e) = do_piece(s, job, index) {
+                let mut f = lock(&s.failed);
+                if f.is_none() {
+                    *f = Some(e);
                 }
             }
         }

@@ -368,3 +368,90 @@ fn the_automatic_route_copies_small_arrays_directly_and_large_ones_staged(device
         );
     }
 }
+
+/// Raw bytes of `words`, little-endian (the order the device keeps them in).
+fn bytes_of(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+host::backend_tests!(a_file_reaches_the_device_and_comes_back_byte_for_byte);
+fn a_file_reaches_the_device_and_comes_back_byte_for_byte(device: host::Device) {
+    let staging = small(&device, Route::Auto, 2);
+    let mut rng = fastrand::Rng::with_seed(0xf11e);
+    let dir = std::env::temp_dir().join(format!(
+        "host-staging-{}-{:?}",
+        std::process::id(),
+        device.kind()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("data.bin");
+    let n = 300_011;
+    let words = random(n, &mut rng);
+    // 13 bytes of header first: reads start at an odd offset.
+    let mut file_bytes = vec![7u8; 13];
+    file_bytes.extend(bytes_of(&words));
+    std::fs::write(&path, &file_bytes).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    for (at_word, len) in [(0, n), (5, 1), (1000, 200_000), (n, 0)] {
+        let mut dev = poisoned(&device, len);
+        staging
+            .read_file_blocking(&file, 13 + 4 * at_word as u64, &mut dev)
+            .unwrap();
+        assert_eq!(
+            first_diff(&read(&mut dev), &words[at_word..at_word + len]),
+            None
+        );
+    }
+    // Written back, then compared with the file's bytes by a plain read.
+    let mut dev = poisoned(&device, n);
+    dev.copy_from_host_sync(&words).unwrap();
+    let out = dir.join("out.bin");
+    let f = std::fs::File::create(&out).unwrap();
+    staging.write_file_blocking(&dev, &f, 3).unwrap();
+    drop(f);
+    let got = std::fs::read(&out).unwrap();
+    assert_eq!(got.len(), 3 + 4 * n);
+    assert!(got[3..] == bytes_of(&words)[..], "written file differs");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+host::backend_tests!(bad_files_are_typed_errors);
+fn bad_files_are_typed_errors(device: host::Device) {
+    let staging = small(&device, Route::Auto, 2);
+    let dir = std::env::temp_dir().join(format!(
+        "host-staging-bad-{}-{:?}",
+        std::process::id(),
+        device.kind()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Truncated: the file ends before the buffer is full.
+    let path = dir.join("short.bin");
+    std::fs::write(&path, vec![1u8; 4 * 1000 - 2]).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let mut dev = poisoned(&device, 1000);
+    let err = staging.read_file_blocking(&file, 0, &mut dev).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err:?}"
+    );
+    // A large truncated file (several blocks: the error comes from a worker).
+    std::fs::write(&path, vec![1u8; 500_000]).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let mut dev = poisoned(&device, 200_000);
+    let err = staging.read_file_blocking(&file, 0, &mut dev).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err:?}"
+    );
+    // A directory.
+    let d = std::fs::File::open(&dir).unwrap();
+    let err = staging.read_file_blocking(&d, 0, &mut dev).unwrap_err();
+    assert!(matches!(&err, Error::Io(_)), "{err:?}");
+    // Writing to a file opened read-only.
+    let err = staging.write_file_blocking(&dev, &file, 0).unwrap_err();
+    assert!(matches!(&err, Error::Io(_)), "{err:?}");
+    // The device buffer is still usable.
+    dev.copy_from_host_sync(&vec![9; 200_000]).unwrap();
+    assert_eq!(read(&mut dev), vec![9; 200_000]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -24,6 +24,7 @@ pub mod buffer;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
+pub mod files;
 pub mod foreign;
 pub mod ops;
 pub mod pipe;
@@ -130,6 +131,8 @@ pub fn to_py(e: host::Error) -> PyErr {
         E::NotTimed => (NotTimedError::new_err(text), "NotTimed"),
         E::NotReady => (NotReadyError::new_err(text), "NotReady"),
         E::Internal(_) => (InternalError::new_err(text), "Internal"),
+        // The OSError subclass of its kind (FileNotFoundError, ...).
+        E::Io(io) => (PyErr::from(std::io::Error::new(io.kind(), text)), "Io"),
         _ => (GpuFeedError::new_err(text), "Other"),
     };
     Python::attach(|py| {
@@ -195,6 +198,10 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(alloc::pin, m)?)?;
     m.add_function(wrap_pyfunction!(pipe::compare_sync_async, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(files::read_file, m)?)?;
+    m.add_function(wrap_pyfunction!(files::load, m)?)?;
+    m.add_function(wrap_pyfunction!(files::save, m)?)?;
+    m.add_function(wrap_pyfunction!(files::load_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_host, m)?)?;
     m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;

@@ -33,6 +33,11 @@ fn engine(device: &host::Device) -> host::Result<host::Staging> {
     Ok(s)
 }
 
+/// The device's staging engine, made at first use (GIL released meanwhile).
+pub(crate) fn engine_for(py: Python<'_>, device: &host::Device) -> PyResult<host::Staging> {
+    py.detach(|| engine(device)).py()
+}
+
 /// The shape of a buffer-protocol view.
 fn view_shape(view: &ContiguousView) -> Vec<usize> {
     view.shape.clone()
