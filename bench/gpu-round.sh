@@ -19,6 +19,10 @@
 #                                   memcheck on them, the wheel's staging tests, `host staging`
 #                                   (four routes against size, the shape sweep) and its
 #                                   Python peer (PyTorch, CuPy idioms beside to_device/to_host)
+#   bash bench/gpu-round.sh final   what fits one call on the commit submitted: the GPU tests
+#                                   (REQUIRE_GPU=1), memcheck on the staging and soundness suites,
+#                                   the wheel's pytest, then the staging round's measurements
+#                                   (fewer sizes, no shape sweep) and the files peer
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -42,7 +46,7 @@ note() { echo "== $*" | tee -a "$R/logs/summary.log"; }
 
 site=/tmp/gpufeed-site
 rm -rf "$site"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/gpufeed-*.whl > "$R/logs/python-install.log" 2>&1 || { fail=1; note "WHEEL INSTALL FAILED"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/wheels/gpufeed-*.whl $(ls .gpu/wheels/extra/*.whl 2>/dev/null) > "$R/logs/python-install.log" 2>&1 || { fail=1; note "WHEEL INSTALL FAILED"; }
 
 san() {  # tool, test name, extra args
   local tool=$1 t=$2; shift 2
@@ -68,7 +72,21 @@ if [ "$mode" = multi ]; then
   cat "$M/torch-multi.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" = staging ]; then
+if [ "$mode" = final ]; then
+  # Packed to fit one call's transfer: the test executables travel as .gpu/tests.tar.xz.
+  [ -f .gpu/tests.tar.xz ] && tar -C .gpu -xJf .gpu/tests.tar.xz
+  note "tests (REQUIRE_GPU=1)"
+  OUT="$R/logs" timeout 300 bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
+  tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
+  san memcheck soundness --leak-check full
+  note "python: the wheel's pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
+  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
+  tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
+  STAGING_ARGS=${STAGING_ARGS:---sizes 65536,262144,1048576,16777216,1073741824,4294967296 --sweep-bytes 0}
+  PEER_ARGS=${PEER_ARGS:---slow-reps 3}
+fi
+
+if [ "$mode" = staging ] || [ "$mode" = final ]; then
   S="$R/staging"; mkdir -p "$S"
   note "staging: tests, memcheck, host staging, the Python peer"
   exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
@@ -83,9 +101,12 @@ if [ "$mode" = staging ]; then
   # at once after their work instead of spinning on the cores the copies use.
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+  note "files: gpufeed.load / load_safetensors against np.load + .cuda() and safetensors, warm and cold"
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 300 python3 bench/peers/files.py --out "$S/python-files.json" > "$S/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
+  cat "$S/python-files.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
