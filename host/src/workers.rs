@@ -75,6 +75,8 @@ pub(crate) struct CopyWorkers {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     turn: Mutex<()>,
+    /// The process the threads run in: a `fork()` child has none of them.
+    generation: crate::fork::Generation,
 }
 
 impl CopyWorkers {
@@ -103,6 +105,7 @@ impl CopyWorkers {
             shared: shared.clone(),
             threads: Vec::with_capacity(n),
             turn: Mutex::new(()),
+            generation: crate::fork::Generation::now(),
         };
         for index in 0..n {
             let (shared, init) = (shared.clone(), init.clone());
@@ -179,6 +182,9 @@ impl CopyWorkers {
     /// The ranges `what` names are valid (for reads, or exclusively for
     /// writes) for `len` bytes, and its descriptor open, until this returns.
     unsafe fn run(&self, what: What, len: usize) -> Result<()> {
+        // In a fork() child the workers don't exist: waiting for them would
+        // hang.
+        self.generation.check("a staging engine")?;
         let participants = self.threads.len() + 1;
         let parts = len.div_ceil(PIECE_ALIGN).clamp(1, participants);
         if parts == 1 {
@@ -229,6 +235,11 @@ impl CopyWorkers {
 
 impl Drop for CopyWorkers {
     fn drop(&mut self) {
+        if !self.generation.is_current() {
+            // A fork() child: the threads are the parent's; nothing to join.
+            self.threads.clear();
+            return;
+        }
         let s = &*self.shared;
         s.stop.store(true, Ordering::SeqCst);
         s.generation.fetch_add(1, Ordering::SeqCst);

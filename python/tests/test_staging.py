@@ -118,3 +118,34 @@ def test_torch_and_cupy_take_a_to_device_array_without_a_copy(cuda_device, torch
     dst = torch.full_like(src, float("nan"))
     gpufeed.to_host(d2, out=dst)
     assert torch.equal(dst, src)
+
+
+def test_a_forked_child_gets_an_error_from_the_parents_engine_not_a_hang(device):
+    import os
+    import time
+    if device.kind != "cpu":
+        pytest.skip("CUDA does not survive fork(); the CPU emulation's engine is checked")
+    a = np.arange(1 << 22, dtype=np.float32)  # large enough for the staging ring
+    gpufeed.to_device(a, device)  # the engine and its worker threads exist now
+    pid = os.fork()
+    if pid == 0:
+        code = 5
+        try:
+            gpufeed.to_device(a, device)
+            code = 3  # the parent's workers copied in the child?
+        except gpufeed.InvalidArgumentError:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in to_device")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
