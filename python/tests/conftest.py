@@ -18,18 +18,18 @@ def need(condition, reason):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def device():
     return gpufeed.default_device()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cuda_device(device):
     need(device.kind == "cuda", f"no CUDA device (running on {device.kind})")
     return device
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def torch_cuda(cuda_device):
     try:
         import torch
@@ -39,7 +39,7 @@ def torch_cuda(cuda_device):
     return torch
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cupy_mod(cuda_device):
     try:
         import cupy
