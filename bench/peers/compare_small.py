@@ -126,7 +126,7 @@ def main(argv=None):
         r = table.get((d, b, m))
         return r and r.get("ops_per_s")
 
-    print("\nchecks (issue #15):")
+    print("\nchecks (the small-transfer targets):")
     checks = []
     for d in ("h2d", "d2h"):
         for m, raw in (("awaited_1", "raw_1"), ("awaited_64", "raw_64")):
