@@ -955,21 +955,57 @@ impl Stream {
     }
 }
 
-/// Makes a foreign CUDA stream (`torch.cuda.current_stream().cuda_stream`,
-/// `cupy.cuda.get_current_stream().ptr`) wait, on the GPU, for everything
-/// queued so far on `stream` (an event recorded on ours, waited for on
-/// theirs; the host does not wait). CUDA only.
+/// Makes a foreign CUDA stream wait, on the GPU, for everything queued so
+/// far on `stream` (an event recorded on ours, waited for on theirs; the
+/// host does not wait). CUDA only.
+///
+/// `foreign` is a stream object or a raw handle:
+/// - an object with `__cuda_stream__` (the CUDA stream protocol: returns
+///   `(version, handle)`), as CuPy's and recent PyTorch's streams have;
+/// - an object with a `cuda_stream` attribute (`torch.cuda.Stream`, e.g.
+///   `torch.cuda.current_stream()`);
+/// - an int handle (`torch.cuda.current_stream().cuda_stream`,
+///   `cupy.cuda.get_current_stream().ptr`).
+///
+/// Handle 0 is the legacy default stream (what PyTorch and CuPy report for
+/// their default stream), 1 the legacy default stream by name
+/// (`CU_STREAM_LEGACY`), 2 the per-thread default stream.
 #[pyfunction]
-pub fn foreign_stream_wait(stream: &Stream, handle: u64) -> PyResult<()> {
-    if handle == 0 {
-        return Err(PyValueError::new_err(
-            "stream handle 0 is ambiguous (DLPack forbids it): pass 1 for the legacy default stream",
-        ));
-    }
+pub fn foreign_stream_wait(stream: &Stream, foreign: &Bound<'_, PyAny>) -> PyResult<()> {
+    let handle = foreign_stream_handle(foreign)?;
     // SAFETY: the handle is documented to be a live stream of the device's
-    // primary context (what PyTorch and CuPy hand out); a dead one is the
-    // caller's bug, as in those libraries' own stream APIs.
+    // primary context (what PyTorch and CuPy hand out) or a default-stream
+    // handle; a dead one is the caller's bug, as in those libraries' own
+    // stream APIs.
     unsafe { host::interop::foreign_stream_wait(&stream.inner, handle) }.py()
+}
+
+/// The raw `CUstream` handle of a stream object or int (see
+/// [`foreign_stream_wait`]).
+pub fn foreign_stream_handle(foreign: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let handle = if foreign.hasattr("__cuda_stream__")? {
+        let pair = foreign.call_method0("__cuda_stream__")?;
+        let (_version, handle): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            pair.extract().map_err(|_| {
+                PyTypeError::new_err("__cuda_stream__() must return a (version, handle) pair")
+            })?;
+        handle
+    } else if foreign.hasattr("cuda_stream")? {
+        foreign.getattr("cuda_stream")?
+    } else if foreign.is_instance_of::<pyo3::types::PyInt>() {
+        foreign.clone()
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "a foreign stream is an object with __cuda_stream__ or .cuda_stream (a torch or CuPy \
+             stream) or an int handle, not {}",
+            type_name(foreign)
+        )));
+    };
+    let handle: i128 = handle
+        .extract()
+        .map_err(|_| PyTypeError::new_err("a stream handle must be an int"))?;
+    u64::try_from(handle)
+        .map_err(|_| PyValueError::new_err(format!("{handle} is not a stream handle")))
 }
 
 /// Device-check helper for the pipeline: `Err` if `b` isn't a `PinnedBuffer`.

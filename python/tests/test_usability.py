@@ -1,0 +1,40 @@
+"""What a new user runs into: stream objects as torch and CuPy hand them out,
+masked arrays, out of memory, absurd arguments, and errors that say what
+happened."""
+import numpy as np
+import pytest
+
+import gpufeed
+
+
+class CudaStreamProtocol:
+    """A stream as CuPy and recent PyTorch expose it: `__cuda_stream__`."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class TorchLikeStream:
+    """A stream as PyTorch exposes it: `.cuda_stream`."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def test_foreign_stream_wait_takes_stream_objects_and_the_default_stream(device):
+    stream = gpufeed.Stream(device)
+    # 0 is the legacy default stream (torch's `current_stream()` before any
+    # other is set), as a bare int and inside stream objects.
+    for foreign in (0, 1, CudaStreamProtocol(0), TorchLikeStream(0), CudaStreamProtocol(1)):
+        if device.kind == "cuda":
+            gpufeed.foreign_stream_wait(stream, foreign)
+        else:
+            with pytest.raises(gpufeed.BackendUnavailableError):
+                gpufeed.foreign_stream_wait(stream, foreign)
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        gpufeed.foreign_stream_wait(stream, "not a stream")
+    with pytest.raises((ValueError, OverflowError)):
+        gpufeed.foreign_stream_wait(stream, -5)
