@@ -38,3 +38,21 @@ def test_foreign_stream_wait_takes_stream_objects_and_the_default_stream(device)
         gpufeed.foreign_stream_wait(stream, "not a stream")
     with pytest.raises((ValueError, OverflowError)):
         gpufeed.foreign_stream_wait(stream, -5)
+
+
+class MaskedCai:
+    def __init__(self, mask):
+        self.__cuda_array_interface__ = {
+            "shape": (4,),
+            "typestr": "<f4",
+            "data": (0x10000, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+            "mask": mask,
+        }
+
+
+def test_masked_cuda_array_interface_is_refused(device):
+    with pytest.raises(BufferError, match="mask"):
+        gpufeed.as_device_array(MaskedCai((0x20000, False)), device)
