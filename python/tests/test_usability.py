@@ -56,3 +56,16 @@ class MaskedCai:
 def test_masked_cuda_array_interface_is_refused(device):
     with pytest.raises(BufferError, match="mask"):
         gpufeed.as_device_array(MaskedCai((0x20000, False)), device)
+
+
+def test_out_of_memory_is_a_memory_error(device):
+    assert issubclass(gpufeed.OutOfMemoryError, MemoryError)
+    assert issubclass(gpufeed.OutOfMemoryError, gpufeed.GpuFeedError)
+    with pytest.raises(gpufeed.OutOfMemoryError) as e:
+        device.empty((1 << 58,), "float32")  # 2^60 bytes of device memory
+    assert e.value.kind == "OutOfMemory"
+    assert "device memory" in str(e.value)
+    with pytest.raises(MemoryError):
+        gpufeed.PinnedAllocator(device).alloc((1 << 58,), "float32")
+    # Still usable afterwards.
+    device.empty((16,), "float32")

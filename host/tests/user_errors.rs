@@ -1,0 +1,44 @@
+//! What a new user runs into: out of memory as its own error, absurd stream
+//! counts, a pool cache that follows the working set, plans that say what
+//! ran, and messages in the right units.
+
+use host::testing::serial;
+use host::Error;
+
+host::backend_tests!(out_of_memory_is_its_own_error);
+fn out_of_memory_is_its_own_error(device: host::Device) {
+    let _serial = serial();
+    // 2^60 bytes of device memory: refused with an error, not an abort.
+    match host::DeviceBuffer::<u8>::new(&device, 1 << 60) {
+        Err(Error::OutOfMemory { what, bytes }) => {
+            assert_eq!(bytes, 1 << 60);
+            assert!(what.contains("device memory"), "{what}");
+            let text = Error::OutOfMemory { what, bytes }.to_string();
+            assert!(text.contains("out of memory"), "{text}");
+            let backend = if device.kind() == host::BackendKind::Cpu {
+                "CPU emulation"
+            } else {
+                "CUDA"
+            };
+            assert!(text.contains(backend), "{text}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    // The same for pinned host memory, from the pool and directly.
+    let pool = host::PinnedPool::new(&device);
+    match pool.alloc::<u8>(1 << 60) {
+        Err(Error::OutOfMemory { what, .. }) => {
+            assert!(what.contains("host memory"), "{what}")
+        }
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|b| b.len())),
+    }
+    match host::PinnedBuffer::<u8>::new(&device, 1 << 60) {
+        Err(Error::OutOfMemory { .. }) => {}
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|b| b.len())),
+    }
+    // The device is still usable.
+    assert_eq!(
+        host::DeviceBuffer::<f32>::new(&device, 16).unwrap().len(),
+        16
+    );
+}
