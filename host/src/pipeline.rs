@@ -695,13 +695,28 @@ fn stage_fn<F: for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>>(f: F) ->
     f
 }
 
+/// The most streams one pipeline may have. Each stream has threads of its
+/// own on the CPU emulation and a driver stream on CUDA, and a few streams
+/// already keep the copy engines and the SMs busy: far more only costs
+/// threads and memory.
+pub const MAX_STREAMS: usize = 64;
+
 impl Pipeline {
     /// A pipeline over `streams` new streams.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0 streams or more than [`MAX_STREAMS`]; the
+    /// backend's error when a stream can't be made.
     pub fn new(device: &Device, streams: usize) -> Result<Pipeline> {
         if streams == 0 {
             return Err(Error::InvalidArgument(
                 "a pipeline needs at least one stream".into(),
             ));
+        }
+        if streams > MAX_STREAMS {
+            return Err(Error::InvalidArgument(format!(
+                "{streams} streams: a pipeline has at most {MAX_STREAMS} streams"
+            )));
         }
         Ok(Pipeline {
             device: device.clone(),

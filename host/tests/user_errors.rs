@@ -42,3 +42,20 @@ fn out_of_memory_is_its_own_error(device: host::Device) {
         16
     );
 }
+
+#[test]
+fn absurd_stream_counts_are_refused() {
+    let device = host::Device::cpu();
+    for streams in [host::MAX_STREAMS + 1, 1 << 40, usize::MAX] {
+        match host::Pipeline::new(&device, streams) {
+            Err(Error::InvalidArgument(msg)) => {
+                assert!(msg.contains("streams"), "{msg}");
+                assert!(msg.contains(&host::MAX_STREAMS.to_string()), "{msg}");
+            }
+            Err(other) => panic!("{streams} streams: expected InvalidArgument, got {other:?}"),
+            Ok(_) => panic!("{streams} streams: accepted"),
+        }
+    }
+    let p = host::Pipeline::new(&device, host::MAX_STREAMS).unwrap();
+    assert_eq!(p.streams().len(), host::MAX_STREAMS);
+}

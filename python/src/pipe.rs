@@ -85,7 +85,8 @@ impl Drop for Pipeline {
 
 #[pymethods]
 impl Pipeline {
-    /// `Pipeline(device=None, streams=4)`.
+    /// `Pipeline(device=None, streams=4)`: 1 to 64 streams (`InvalidArgumentError`
+    /// beyond).
     #[new]
     #[pyo3(signature = (device=None, streams=4))]
     fn new(py: Python<'_>, device: Option<&Device>, streams: usize) -> PyResult<Self> {

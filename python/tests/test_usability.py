@@ -69,3 +69,11 @@ def test_out_of_memory_is_a_memory_error(device):
         gpufeed.PinnedAllocator(device).alloc((1 << 58,), "float32")
     # Still usable afterwards.
     device.empty((16,), "float32")
+
+
+def test_absurd_stream_counts_are_refused(device):
+    with pytest.raises(gpufeed.InvalidArgumentError, match="streams"):
+        gpufeed.Pipeline(device, streams=65)
+    with pytest.raises(gpufeed.InvalidArgumentError, match="streams"):
+        gpufeed.Pipeline(device, streams=1 << 40)
+    assert gpufeed.Pipeline(device, streams=64).streams == 64
