@@ -59,3 +59,30 @@ fn absurd_stream_counts_are_refused() {
     let p = host::Pipeline::new(&device, host::MAX_STREAMS).unwrap();
     assert_eq!(p.streams().len(), host::MAX_STREAMS);
 }
+
+#[test]
+fn the_pool_cache_follows_the_working_set() {
+    let _serial = serial();
+    let device = host::Device::cpu();
+    let pool = host::PinnedPool::new(&device);
+    let mib = 1usize << 20;
+    // The cache fills with idle big blocks (the peak, so the default cap).
+    let big: Vec<_> = (0..8)
+        .map(|_| pool.alloc::<u8>(16 * mib).unwrap())
+        .collect();
+    drop(big);
+    let s = pool.stats();
+    assert_eq!(
+        s.cached_bytes, s.max_cached_bytes,
+        "the cache is full: {s:?}"
+    );
+    // Then the program moves on to another size.
+    let before = pool.stats();
+    for _ in 0..200 {
+        drop(pool.alloc::<u8>(mib + 12345).unwrap());
+    }
+    let s = pool.stats();
+    let hits = s.hits - before.hits;
+    assert!(hits >= 190, "{hits} hits of 200: {s:?}");
+    assert!(s.cached_bytes <= s.max_cached_bytes, "{s:?}");
+}
