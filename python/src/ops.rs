@@ -822,7 +822,8 @@ impl Stream {
     /// Enqueues a batch of commands, in order, as one operation owning every
     /// buffer they name: `("h2d", pinned, dev)`, `("d2h", dev, pinned)`,
     /// `("d2d", src, dst)`, `("scale", dev, s)`, `("intensity", dev, k)`,
-    /// `("saxpy", a, x, y)` (kernels: float32 device arrays).
+    /// `("saxpy", a, x, y)` (kernels: float32 device arrays; `saxpy` is a
+    /// fused multiply-add, see `Stream.saxpy`).
     #[pyo3(signature = (*commands))]
     fn submit(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
         self.submit_cmds(py, commands, false)
@@ -930,7 +931,11 @@ impl Stream {
         self.submit_one(py, ("intensity", x, k))
     }
 
-    /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`).
+    /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`), as
+    /// a fused multiply-add: `a * x + y` computed exactly and rounded once
+    /// (`fma.rn.f32` on the GPU, bit-identical on the CPU emulation). NumPy's
+    /// `a * x + y` rounds twice and differs in the last bit for many
+    /// elements. Kernels of your own: `kernel_abi::fma`.
     fn saxpy(
         &self,
         py: Python<'_>,
