@@ -447,10 +447,12 @@ impl Batch {
             )));
         }
         if ba != bb {
+            // Same dtype (checked above): the byte counts are whole elements.
+            let size = da.size().max(1);
             return Err(to_py(Error::LengthMismatch {
-                what: "copy (destination vs source, bytes)",
-                expected: ba,
-                got: bb,
+                what: "copy (destination vs source)",
+                expected: ba / size,
+                got: bb / size,
             }));
         }
         Ok(())

@@ -77,3 +77,10 @@ def test_absurd_stream_counts_are_refused(device):
     with pytest.raises(gpufeed.InvalidArgumentError, match="streams"):
         gpufeed.Pipeline(device, streams=1 << 40)
     assert gpufeed.Pipeline(device, streams=64).streams == 64
+
+
+def test_copy_length_mismatch_counts_elements(device):
+    src = gpufeed.PinnedAllocator(device).alloc((4,), "float64")
+    dst = device.empty((3,), "float64")
+    with pytest.raises(gpufeed.LengthMismatchError, match="expected 4 elements, got 3"):
+        gpufeed.Stream(device).submit(("h2d", src, dst))
