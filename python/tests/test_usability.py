@@ -79,6 +79,11 @@ def test_absurd_stream_counts_are_refused(device):
     assert gpufeed.Pipeline(device, streams=64).streams == 64
 
 
+def test_compare_sync_async_refuses_zero_reps(device):
+    with pytest.raises(gpufeed.InvalidArgumentError, match="reps"):
+        gpufeed.compare_sync_async(1024, device, reps=0)
+
+
 def test_copy_length_mismatch_counts_elements(device):
     src = gpufeed.PinnedAllocator(device).alloc((4,), "float64")
     dst = device.empty((3,), "float64")
