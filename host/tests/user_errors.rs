@@ -86,3 +86,26 @@ fn the_pool_cache_follows_the_working_set() {
     assert!(hits >= 190, "{hits} hits of 200: {s:?}");
     assert!(s.cached_bytes <= s.max_cached_bytes, "{s:?}");
 }
+
+#[test]
+fn run_info_reports_the_chunks_that_ran() {
+    let _serial = serial();
+    let device = host::Device::cpu();
+    let pipe = host::Pipeline::new(&device, 4).unwrap();
+    // 100 elements in chunks of whole 64-element multiples: 8 asked, 2 run.
+    for (n, asked, ran) in [(100, 8, 2), (1, 3, 1), (0, 3, 0), (4096, 8, 8)] {
+        let x = host::PinnedBuffer::<f32>::new(&device, n).unwrap();
+        let y = host::PinnedBuffer::<f32>::new(&device, n).unwrap();
+        let job = pipe.run(
+            x,
+            y,
+            host::Kernel::Scale { s: 2.0 },
+            host::Plan::uniform(asked, 4),
+            host::Timeline::Off,
+        );
+        let (_, info) =
+            host::block_on(job).unwrap_or_else(|e| panic!("n={n}, {asked} chunks: {e}"));
+        assert_eq!(info.chunks, ran, "n={n}, {asked} chunks asked");
+        assert_eq!(info.plan.chunks, asked);
+    }
+}

@@ -80,7 +80,7 @@ pub type Info = Option<(String, usize, usize, &'static str)>;
 fn info(r: &RunInfo) -> Info {
     Some((
         r.plan.to_string(),
-        r.plan.chunks,
+        r.chunks,
         r.plan.streams_used(),
         r.plan.layout.name(),
     ))
@@ -212,7 +212,9 @@ impl Operation {
     /// back; returns None for a batch, a dict describing the plan for a
     /// pipeline run. Raises the operation's error (its buffers are handed
     /// back all the same whenever the device is known to be done with them).
-    /// Waiting again returns (or raises) the same.
+    /// Waiting again returns (or raises) the same. A pipeline run's dict:
+    /// `plan` (as asked), `chunks` (the chunks that ran: fewer than the plan's
+    /// for short arrays), `streams`, `layout`.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {

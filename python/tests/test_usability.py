@@ -84,8 +84,16 @@ def test_compare_sync_async_refuses_zero_reps(device):
         gpufeed.compare_sync_async(1024, device, reps=0)
 
 
+def test_run_info_reports_the_chunks_that_ran(device):
+    x = gpufeed.PinnedAllocator(device).alloc((1,), "float32")
+    y = gpufeed.PinnedAllocator(device).alloc((1,), "float32")
+    info = gpufeed.Pipeline(device, streams=4).run(x, y, kernel="scale", arg=2.0, plan=8)
+    assert info["chunks"] == 1
+
+
 def test_copy_length_mismatch_counts_elements(device):
     src = gpufeed.PinnedAllocator(device).alloc((4,), "float64")
     dst = device.empty((3,), "float64")
     with pytest.raises(gpufeed.LengthMismatchError, match="expected 4 elements, got 3"):
         gpufeed.Stream(device).submit(("h2d", src, dst))
+
