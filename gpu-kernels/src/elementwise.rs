@@ -1,20 +1,18 @@
 //! Pure per-element functions, identical on the GPU and the CPU.
 //!
-//! SAXPY and the intensity kernel use a fused multiply-add (one rounding),
-//! which both `fma.rn.f32` on the GPU and `f32::mul_add` on the host compute
-//! exactly, so GPU and CPU results are bit-identical.
+//! SAXPY and the intensity kernel use a fused multiply-add (one rounding:
+//! `a * x + y` computed exactly, then rounded), [`kernel_abi::fma`]:
+//! `fma.rn.f32` on the GPU and `f32::mul_add` on the host, so GPU and CPU
+//! results are bit-identical. A fused result differs in the last bit, for
+//! many inputs, from `a * x + y` written out in NumPy or in a kernel (two
+//! roundings); a kernel of your own gets the same operation from
+//! `kernel_abi::fma`.
 
-/// Fused multiply-add `a * b + c` with a single rounding, on every target.
+/// Fused multiply-add `a * b + c` with a single rounding, on every target
+/// ([`kernel_abi::fma`]).
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        core::f32::math::mul_add(a, b, c)
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    {
-        a.mul_add(b, c)
-    }
+    kernel_abi::fma(a, b, c)
 }
 
 /// `x * s`.
@@ -23,7 +21,8 @@ pub fn scale(x: f32, s: f32) -> f32 {
     x * s
 }
 
-/// `a * x + y`, fused.
+/// `a * x + y`, fused: one rounding ([`fma`]), not the two of `a * x + y`
+/// written out.
 #[inline(always)]
 pub fn saxpy(a: f32, x: f32, y: f32) -> f32 {
     fma(a, x, y)
@@ -110,7 +109,8 @@ pub fn scale_slice(x: &mut [f32], s: f32) {
     }
 }
 
-/// CPU version of the `saxpy` kernel over slices (`y = a * x + y`).
+/// CPU version of the `saxpy` kernel over slices (`y = a * x + y`, fused:
+/// one rounding, [`fma`]).
 ///
 /// # Panics
 /// If the slices have different lengths (callers check this and return a typed error).

@@ -18,7 +18,9 @@ kernels! {
         unsafe { thread::scale(x.as_mut_ptr(), x.len(), s, global_id(), grid_stride()) }
     }
 
-    /// `y[i] = a * x[i] + y[i]`, fused, over the shorter of the two.
+    /// `y[i] = a * x[i] + y[i]`, fused (one rounding: [`kernel_abi::fma`],
+    /// not the two of `a * x[i] + y[i]` written out), over the shorter of
+    /// the two.
     ///
     /// # Safety
     /// `x` and `y` are valid device memory for their lengths; `x` is `y` or

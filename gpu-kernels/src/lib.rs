@@ -12,10 +12,7 @@
 //! stride, then call the per-thread body from [`thread`], which is plain Rust
 //! over raw pointers and is tested on the host by simulating a grid.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(
-    target_arch = "nvptx64",
-    feature(abi_ptx, stdarch_nvptx, core_float_math)
-)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
 
 pub mod elementwise;
 pub mod thread;

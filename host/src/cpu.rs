@@ -182,9 +182,18 @@ impl Backend for CpuBackend {
         self.shared.usable()?;
         let ptr = match node {
             Some(node) => crate::numa::map_on_node(bytes, node)?,
-            None => crate::numa::map_anonymous(bytes).map_err(|e| Error::LockFailed {
-                bytes,
-                reason: format!("mmap: {e}"),
+            None => crate::numa::map_anonymous(bytes).map_err(|e| {
+                if e.raw_os_error() == Some(libc::ENOMEM) {
+                    Error::OutOfMemory {
+                        what: "pinned host memory on the CPU emulation (mmap)",
+                        bytes,
+                    }
+                } else {
+                    Error::LockFailed {
+                        bytes,
+                        reason: format!("mmap: {e}"),
+                    }
+                }
             })?,
         };
         match self.lock_range(ptr, bytes) {
@@ -238,9 +247,9 @@ impl Backend for CpuBackend {
         // SAFETY: non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {
-            return Err(Error::Driver {
-                call: "alloc_device (cpu)",
-                code: "out of memory".into(),
+            return Err(Error::OutOfMemory {
+                what: "device memory on the CPU emulation (the host allocator)",
+                bytes,
             });
         }
         lock(&self.device_allocs).insert(p as u64, layout);

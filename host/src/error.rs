@@ -75,6 +75,18 @@ pub enum Error {
         /// The OS's reason, with the limit when known.
         reason: String,
     },
+    /// An allocation the backend could not satisfy: device memory
+    /// (`CUDA_ERROR_OUT_OF_MEMORY` from the driver, a null from the CPU
+    /// emulation's allocator) or pinned host memory (`cuMemHostAlloc` out of
+    /// memory, `mmap` refused with `ENOMEM` on the emulation). A refused
+    /// page-lock of memory that was allocated is [`Error::LockFailed`].
+    #[error("out of memory: {bytes} bytes of {what}")]
+    OutOfMemory {
+        /// The memory and the backend, e.g. "CUDA device memory (cuMemAlloc)".
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// An argument that is invalid for the operation.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

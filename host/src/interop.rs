@@ -344,8 +344,10 @@ pub fn check_foreign_device_range(device: &Device, addr: u64, bytes: usize) -> R
 ///
 /// # Safety
 /// `foreign` is a live stream handle of the context `stream` runs in (the
-/// device's primary context, the one PyTorch and CuPy use), or 0 / 1 / 2 for
-/// the legacy and per-thread default streams.
+/// device's primary context, the one PyTorch and CuPy use), or a default
+/// stream: 0 (the NULL stream, which is the legacy default stream: what
+/// PyTorch and CuPy report for their default stream), 1
+/// (`CU_STREAM_LEGACY`) or 2 (`CU_STREAM_PER_THREAD`).
 ///
 /// # Errors
 /// `BackendUnavailable` on the CPU emulation; the driver's error.

@@ -342,7 +342,8 @@ pub enum Kernel {
         /// Factor.
         s: f32,
     },
-    /// `k` dependent FMAs per element (2k flop per 8 bytes moved).
+    /// `k` dependent fused multiply-adds per element (2k flop per 8 bytes
+    /// moved), each rounded once ([`kernel_abi::fma`]).
     Intensity {
         /// FMAs per element.
         k: u32,

@@ -85,7 +85,7 @@ pub use numa::online_nodes;
 pub use open::{BackendChoice, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
 pub use pipeline::{
     Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo, Timeline,
-    AUTO_CHUNK_COST_BYTES,
+    AUTO_CHUNK_COST_BYTES, MAX_STREAMS,
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{

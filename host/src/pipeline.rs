@@ -51,7 +51,9 @@ use std::sync::{Arc, Mutex};
 /// whether their sizes ramp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// Chunks the arrays are cut into (each about `n / chunks` elements).
+    /// Chunks the arrays are cut into, at most: each about `n / chunks`
+    /// elements rounded up to a multiple of 64, so short arrays run in fewer
+    /// chunks (an empty run in none); [`RunInfo::chunks`] says how many ran.
     pub chunks: usize,
     /// How the chunks go over the pipeline's streams.
     pub layout: Layout,
@@ -244,8 +246,10 @@ impl Plan {
             .collect()
     }
 
-    /// Checks the plan against `n` elements.
-    pub fn validate(&self, n: usize) -> Result<()> {
+    /// Checks the plan for `n` elements: at least one chunk and one stream
+    /// or buffer slot. Any `n` is fine, even below the chunk count: short
+    /// arrays run in fewer chunks ([`RunInfo::chunks`]).
+    pub fn validate(&self, _n: usize) -> Result<()> {
         if self.chunks == 0 || self.slots() == 0 {
             return Err(Error::InvalidArgument(format!(
                 "a plan needs at least one chunk and one {} (got {} chunks, {})",
@@ -255,12 +259,6 @@ impl Plan {
                 },
                 self.chunks,
                 self.slots()
-            )));
-        }
-        if n > 0 && self.chunks > n {
-            return Err(Error::InvalidArgument(format!(
-                "{} chunks for {n} elements: a chunk would be empty",
-                self.chunks
             )));
         }
         Ok(())
@@ -341,8 +339,12 @@ impl Timeline {
 /// What a run hands back besides the buffers.
 #[derive(Debug)]
 pub struct RunInfo {
-    /// The plan used.
+    /// The plan used, as asked.
     pub plan: Plan,
+    /// The chunks that ran: at most `plan.chunks` (more with a ramped plan),
+    /// fewer when the arrays are short (chunks are whole multiples of 64
+    /// elements), 0 for empty arrays.
+    pub chunks: usize,
     /// Per-chunk events, when the run was asked to record them.
     pub timeline: Option<Vec<ChunkEvents>>,
 }
@@ -695,13 +697,28 @@ fn stage_fn<F: for<'a> Fn(&mut Commands<'a>, &Chunk<'a>) -> Result<()>>(f: F) ->
     f
 }
 
+/// The most streams one pipeline may have. Each stream has threads of its
+/// own on the CPU emulation and a driver stream on CUDA, and a few streams
+/// already keep the copy engines and the SMs busy: far more only costs
+/// threads and memory.
+pub const MAX_STREAMS: usize = 64;
+
 impl Pipeline {
     /// A pipeline over `streams` new streams.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0 streams or more than [`MAX_STREAMS`]; the
+    /// backend's error when a stream can't be made.
     pub fn new(device: &Device, streams: usize) -> Result<Pipeline> {
         if streams == 0 {
             return Err(Error::InvalidArgument(
                 "a pipeline needs at least one stream".into(),
             ));
+        }
+        if streams > MAX_STREAMS {
+            return Err(Error::InvalidArgument(format!(
+                "{streams} streams: a pipeline has at most {MAX_STREAMS} streams"
+            )));
         }
         Ok(Pipeline {
             device: device.clone(),
@@ -991,6 +1008,7 @@ impl Pipeline {
         drop(guard);
         let info = RunInfo {
             plan,
+            chunks: chunks.ranges.len(),
             timeline: events,
         };
         self.finish(
@@ -1356,7 +1374,9 @@ mod tests {
     fn bad_plans_are_rejected() {
         assert!(Plan::uniform(0, 1).validate(10).is_err());
         assert!(Plan::uniform(1, 0).validate(10).is_err());
-        assert!(Plan::uniform(11, 1).validate(10).is_err());
+        // More chunks than elements: fewer run (`RunInfo::chunks`), as for n = 0.
+        assert!(Plan::uniform(11, 1).validate(10).is_ok());
+        assert!(Plan::uniform(3, 1).validate(0).is_ok());
         assert!(Plan::uniform(10, 1).validate(10).is_ok());
     }
 }

@@ -20,7 +20,11 @@
 //!   cache holds at most as many bytes as were ever in use at once, and at
 //!   least [`DEFAULT_CACHE_FLOOR`]: a program's pinned memory stays within
 //!   twice its peak need, and a steady workload never misses. A block
-//!   returned beyond the cap is freed at once.
+//!   returned beyond the cap is freed at once, and an allocation that
+//!   misses while the cache is at its cap first frees idle blocks (largest
+//!   first) to make room for its block, so the cache follows the working
+//!   set: a cache full of idle blocks of an old size doesn't make every
+//!   allocation of a new size miss.
 
 use crate::backend::{HostAlloc, HostFlags};
 use crate::completion::lock;
@@ -227,6 +231,14 @@ impl PinnedPool {
             }
             None => {
                 c.misses.fetch_add(1, Ordering::Relaxed);
+                // A cache at its cap would free this block on return, and
+                // every allocation of this size would miss again: make room
+                // now by freeing idle blocks (largest first), so the cache
+                // follows the working set instead of jamming on old sizes.
+                let cap = self.inner.cap();
+                if (c.cached.load(Ordering::Relaxed) as usize).saturating_add(class) > cap {
+                    self.trim(cap.saturating_sub(class));
+                }
                 let t = Instant::now();
                 let alloc = self.inner.device.backend.alloc_host(
                     class,

@@ -841,8 +841,13 @@ impl<'a> Commands<'a> {
         }
     }
 
-    /// `y = a * x + y` (fused multiply-add); lengths must match. `x` may be
-    /// `y` itself (the same range), but not partly overlap it.
+    /// `y = a * x + y` as a fused multiply-add: the product and sum are
+    /// computed exactly and rounded once (`fma.rn.f32`; `f32::mul_add` on the
+    /// CPU emulation, bit-identical), so results can differ in the last bit
+    /// from `a * x + y` written out (two roundings), as NumPy computes it.
+    /// Kernels of your own get the same operation from `kernel_abi::fma`.
+    /// Lengths must match. `x` may be `y` itself (the same range), but not
+    /// partly overlap it.
     ///
     /// # Errors
     /// `LengthMismatch`; [`Error::Overlap`]; `InvalidArgument` for memory of

@@ -233,11 +233,7 @@ fn a_multi_device_run_refuses_the_plans_one_device_refuses_and_hands_the_buffers
     let multi = MultiPipeline::new(&devices, 2).unwrap();
     let pool = PinnedPool::new(&devices[0]);
     let n = 1000;
-    for plan in [
-        Plan::uniform(0, 1),
-        Plan::engines(0, 2),
-        Plan::uniform(5000, 2),
-    ] {
+    for plan in [Plan::uniform(0, 1), Plan::engines(0, 2)] {
         let mut input = pool.alloc::<f32>(n).unwrap();
         input.as_mut_slice().fill(1.5);
         let output = pool.alloc::<f32>(n).unwrap();
@@ -252,6 +248,22 @@ fn a_multi_device_run_refuses_the_plans_one_device_refuses_and_hands_the_buffers
             .bundle
             .expect("a validation error hands the buffers back");
         assert!(input.as_slice().iter().all(|&v| v == 1.5));
+    }
+    // More chunks than elements is no error: fewer run, and each part says
+    // how many.
+    let mut input = pool.alloc::<f32>(n).unwrap();
+    input.as_mut_slice().fill(1.5);
+    let output = pool.alloc::<f32>(n).unwrap();
+    let ((_, output), infos) = block_on(multi.run(
+        input,
+        output,
+        Kernel::Scale { s: 2.0 },
+        Plan::uniform(5000, 2),
+    ))
+    .unwrap();
+    assert!(output.as_slice().iter().all(|&v| v == 3.0));
+    for info in infos {
+        assert!(info.chunks >= 1 && info.chunks <= 500 / 64 + 1, "{info:?}");
     }
 }
 

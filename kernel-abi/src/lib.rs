@@ -31,12 +31,52 @@
 //! shared-memory exchange); grid-stride elementwise kernels, the common
 //! case, run unchanged.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx))]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
 
 mod param;
 pub mod thread;
 
 pub use param::{Param, Params, Slice, SliceMut};
+
+/// Fused multiply-add: `a * b + c` computed exactly and rounded once (to
+/// nearest, ties to even), on every target, with no unstable feature in the
+/// kernel crate: `fma.rn.f32` on the GPU (inline PTX), `f32::mul_add` on the
+/// host (the CPU emulation). Both are the IEEE 754 fusedMultiplyAdd, so a
+/// kernel's results on the GPU and on the emulation are bit-identical.
+///
+/// Not the same as `a * b + c` written out, which rounds twice (after the
+/// product and after the sum) and differs from the fused result in the last
+/// bit for many inputs; the in-tree `saxpy` kernel uses this function.
+///
+/// ```
+/// let (a, b, c) = (0.1f32, 10.0f32, -1.0f32);
+/// assert_eq!(kernel_abi::fma(a, b, c).to_bits(), a.mul_add(b, c).to_bits());
+/// assert_ne!(kernel_abi::fma(a, b, c).to_bits(), (a * b + c).to_bits());
+/// ```
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let d: f32;
+        // SAFETY: one arithmetic instruction on registers: it reads no
+        // memory, writes only `d`, and has no other effect.
+        unsafe {
+            core::arch::asm!(
+                "fma.rn.f32 {d}, {a}, {b}, {c};",
+                d = out(reg32) d,
+                a = in(reg32) a,
+                b = in(reg32) b,
+                c = in(reg32) c,
+                options(pure, nomem, nostack),
+            );
+        }
+        d
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        a.mul_add(b, c)
+    }
+}
 
 /// A kernel declared with [`kernels!`], as the host sees it.
 ///

@@ -609,7 +609,8 @@ impl DeviceArray {
 /// stream of ours, or the interface's `stream`). C-contiguous only. The
 /// wrapper keeps the producer's memory alive; while an operation uses it,
 /// don't touch the tensor from other code (as with any shared device memory).
-/// CUDA only.
+/// A masked `__cuda_array_interface__` (a `mask` that isn't None) is refused
+/// with `BufferError`. CUDA only.
 #[pyfunction]
 #[pyo3(signature = (obj, device=None))]
 pub fn as_device_array(
@@ -618,6 +619,10 @@ pub fn as_device_array(
     device: Option<&Device>,
 ) -> PyResult<DeviceArray> {
     let device = device_or_default(py, device)?;
+    if !obj.hasattr("__dlpack__")? && obj.hasattr("__cuda_array_interface__")? {
+        // What can't be imported on any backend is refused first.
+        refuse_masked_cai(&obj.getattr("__cuda_array_interface__")?)?;
+    }
     if device.kind() != BackendKind::Cuda {
         return Err(crate::BackendUnavailableError::new_err(
             "as_device_array needs the CUDA backend (this is the CPU emulation)",
@@ -652,8 +657,25 @@ pub fn as_device_array(
     })
 }
 
+/// A `__cuda_array_interface__` with a `mask` (a masked array: the mask
+/// says which elements are valid) is refused: the device would read and
+/// write the masked-out elements as if they were data.
+fn refuse_masked_cai(cai: &Bound<'_, PyAny>) -> PyResult<()> {
+    if let Ok(mask) = cai.get_item("mask") {
+        if !mask.is_none() {
+            return Err(buffer_error(
+                "the __cuda_array_interface__ has a mask (a masked array): masks are not \
+                 supported (every element would be read and written as data): fill the masked \
+                 elements and pass the array without its mask",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> PyResult<Imported> {
     let cai = obj.getattr("__cuda_array_interface__")?;
+    refuse_masked_cai(&cai)?;
     let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
     let typestr: String = cai.get_item("typestr")?.extract()?;
     let dtype = DType::parse(&typestr)

@@ -111,6 +111,37 @@ create_exception!(
     "The library's own machinery failed."
 );
 
+/// `gpufeed.OutOfMemoryError`: subclasses both `GpuFeedError` and Python's
+/// `MemoryError`, so `except MemoryError` catches out of memory from the
+/// device or the pinned allocator as it does for NumPy. Made at module init
+/// (`create_exception!` takes one base only).
+static OUT_OF_MEMORY: pyo3::sync::PyOnceLock<Py<pyo3::types::PyType>> =
+    pyo3::sync::PyOnceLock::new();
+
+/// The `OutOfMemoryError` type (made on first use).
+pub fn out_of_memory_error(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::PyType>> {
+    OUT_OF_MEMORY
+        .get_or_try_init(py, || {
+            let dict = pyo3::types::PyDict::new(py);
+            dict.set_item("__module__", "gpufeed")?;
+            dict.set_item(
+                "__doc__",
+                "Out of memory (device memory, or pinned host memory): a `GpuFeedError` and a \
+                 `MemoryError`. `kind` is \"OutOfMemory\".",
+            )?;
+            let bases = (
+                py.get_type::<GpuFeedError>(),
+                py.get_type::<pyo3::exceptions::PyMemoryError>(),
+            );
+            py.get_type::<pyo3::types::PyType>()
+                .call1(("OutOfMemoryError", bases, dict))?
+                .cast_into::<pyo3::types::PyType>()
+                .map(Bound::unbind)
+                .map_err(PyErr::from)
+        })
+        .map(|t| t.bind(py))
+}
+
 /// A `host::Error` as the Python exception of its variant, with its text
 /// and `kind` (the variant's name).
 pub fn to_py(e: host::Error) -> PyErr {
@@ -133,6 +164,13 @@ pub fn to_py(e: host::Error) -> PyErr {
         E::Internal(_) => (InternalError::new_err(text), "Internal"),
         // The OSError subclass of its kind (FileNotFoundError, ...).
         E::Io(io) => (PyErr::from(std::io::Error::new(io.kind(), text)), "Io"),
+        E::OutOfMemory { .. } => (
+            Python::attach(|py| match out_of_memory_error(py) {
+                Ok(t) => PyErr::from_type(t.clone(), text),
+                Err(e) => e,
+            }),
+            "OutOfMemory",
+        ),
         _ => (GpuFeedError::new_err(text), "Other"),
     };
     Python::attach(|py| {
@@ -185,6 +223,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("NotTimedError", py.get_type::<NotTimedError>())?;
     m.add("NotReadyError", py.get_type::<NotReadyError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add("OutOfMemoryError", out_of_memory_error(py)?)?;
     m.add_class::<device::Device>()?;
     m.add_class::<device::DeviceArray>()?;
     m.add_class::<alloc::PinnedAllocator>()?;

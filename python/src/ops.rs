@@ -80,7 +80,7 @@ pub type Info = Option<(String, usize, usize, &'static str)>;
 fn info(r: &RunInfo) -> Info {
     Some((
         r.plan.to_string(),
-        r.plan.chunks,
+        r.chunks,
         r.plan.streams_used(),
         r.plan.layout.name(),
     ))
@@ -212,7 +212,9 @@ impl Operation {
     /// back; returns None for a batch, a dict describing the plan for a
     /// pipeline run. Raises the operation's error (its buffers are handed
     /// back all the same whenever the device is known to be done with them).
-    /// Waiting again returns (or raises) the same.
+    /// Waiting again returns (or raises) the same. A pipeline run's dict:
+    /// `plan` (as asked), `chunks` (the chunks that ran: fewer than the plan's
+    /// for short arrays), `streams`, `layout`.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {
@@ -447,10 +449,12 @@ impl Batch {
             )));
         }
         if ba != bb {
+            // Same dtype (checked above): the byte counts are whole elements.
+            let size = da.size().max(1);
             return Err(to_py(Error::LengthMismatch {
-                what: "copy (destination vs source, bytes)",
-                expected: ba,
-                got: bb,
+                what: "copy (destination vs source)",
+                expected: ba / size,
+                got: bb / size,
             }));
         }
         Ok(())
@@ -822,7 +826,8 @@ impl Stream {
     /// Enqueues a batch of commands, in order, as one operation owning every
     /// buffer they name: `("h2d", pinned, dev)`, `("d2h", dev, pinned)`,
     /// `("d2d", src, dst)`, `("scale", dev, s)`, `("intensity", dev, k)`,
-    /// `("saxpy", a, x, y)` (kernels: float32 device arrays).
+    /// `("saxpy", a, x, y)` (kernels: float32 device arrays; `saxpy` is a
+    /// fused multiply-add, see `Stream.saxpy`).
     #[pyo3(signature = (*commands))]
     fn submit(&self, py: Python<'_>, commands: &Bound<'_, PyTuple>) -> PyResult<Operation> {
         self.submit_cmds(py, commands, false)
@@ -930,7 +935,11 @@ impl Stream {
         self.submit_one(py, ("intensity", x, k))
     }
 
-    /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`).
+    /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`), as
+    /// a fused multiply-add: `a * x + y` computed exactly and rounded once
+    /// (`fma.rn.f32` on the GPU, bit-identical on the CPU emulation). NumPy's
+    /// `a * x + y` rounds twice and differs in the last bit for many
+    /// elements. Kernels of your own: `kernel_abi::fma`.
     fn saxpy(
         &self,
         py: Python<'_>,
@@ -955,21 +964,57 @@ impl Stream {
     }
 }
 
-/// Makes a foreign CUDA stream (`torch.cuda.current_stream().cuda_stream`,
-/// `cupy.cuda.get_current_stream().ptr`) wait, on the GPU, for everything
-/// queued so far on `stream` (an event recorded on ours, waited for on
-/// theirs; the host does not wait). CUDA only.
+/// Makes a foreign CUDA stream wait, on the GPU, for everything queued so
+/// far on `stream` (an event recorded on ours, waited for on theirs; the
+/// host does not wait). CUDA only.
+///
+/// `foreign` is a stream object or a raw handle:
+/// - an object with `__cuda_stream__` (the CUDA stream protocol: returns
+///   `(version, handle)`), as CuPy's and recent PyTorch's streams have;
+/// - an object with a `cuda_stream` attribute (`torch.cuda.Stream`, e.g.
+///   `torch.cuda.current_stream()`);
+/// - an int handle (`torch.cuda.current_stream().cuda_stream`,
+///   `cupy.cuda.get_current_stream().ptr`).
+///
+/// Handle 0 is the legacy default stream (what PyTorch and CuPy report for
+/// their default stream), 1 the legacy default stream by name
+/// (`CU_STREAM_LEGACY`), 2 the per-thread default stream.
 #[pyfunction]
-pub fn foreign_stream_wait(stream: &Stream, handle: u64) -> PyResult<()> {
-    if handle == 0 {
-        return Err(PyValueError::new_err(
-            "stream handle 0 is ambiguous (DLPack forbids it): pass 1 for the legacy default stream",
-        ));
-    }
+pub fn foreign_stream_wait(stream: &Stream, foreign: &Bound<'_, PyAny>) -> PyResult<()> {
+    let handle = foreign_stream_handle(foreign)?;
     // SAFETY: the handle is documented to be a live stream of the device's
-    // primary context (what PyTorch and CuPy hand out); a dead one is the
-    // caller's bug, as in those libraries' own stream APIs.
+    // primary context (what PyTorch and CuPy hand out) or a default-stream
+    // handle; a dead one is the caller's bug, as in those libraries' own
+    // stream APIs.
     unsafe { host::interop::foreign_stream_wait(&stream.inner, handle) }.py()
+}
+
+/// The raw `CUstream` handle of a stream object or int (see
+/// [`foreign_stream_wait`]).
+pub fn foreign_stream_handle(foreign: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let handle = if foreign.hasattr("__cuda_stream__")? {
+        let pair = foreign.call_method0("__cuda_stream__")?;
+        let (_version, handle): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            pair.extract().map_err(|_| {
+                PyTypeError::new_err("__cuda_stream__() must return a (version, handle) pair")
+            })?;
+        handle
+    } else if foreign.hasattr("cuda_stream")? {
+        foreign.getattr("cuda_stream")?
+    } else if foreign.is_instance_of::<pyo3::types::PyInt>() {
+        foreign.clone()
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "a foreign stream is an object with __cuda_stream__ or .cuda_stream (a torch or CuPy \
+             stream) or an int handle, not {}",
+            type_name(foreign)
+        )));
+    };
+    let handle: i128 = handle
+        .extract()
+        .map_err(|_| PyTypeError::new_err("a stream handle must be an int"))?;
+    u64::try_from(handle)
+        .map_err(|_| PyValueError::new_err(format!("{handle} is not a stream handle")))
 }
 
 /// Device-check helper for the pipeline: `Err` if `b` isn't a `PinnedBuffer`.

@@ -85,7 +85,8 @@ impl Drop for Pipeline {
 
 #[pymethods]
 impl Pipeline {
-    /// `Pipeline(device=None, streams=4)`.
+    /// `Pipeline(device=None, streams=4)`: 1 to 64 streams (`InvalidArgumentError`
+    /// beyond).
     #[new]
     #[pyo3(signature = (device=None, streams=4))]
     fn new(py: Python<'_>, device: Option<&Device>, streams: usize) -> PyResult<Self> {
@@ -318,7 +319,11 @@ pub fn compare_sync_async<'py>(
     }
     let device = device_or_default(py, device)?;
     let k = Kernel::Scale { s: 2.0 };
-    let reps = reps.max(1);
+    if reps == 0 {
+        return Err(crate::to_py(host::Error::InvalidArgument(
+            "compare_sync_async needs reps >= 1 (the timings are medians of reps runs)".into(),
+        )));
+    }
     let r = py.detach(|| -> host::Result<_> {
         let pool = host::PinnedPool::new(&device);
         let mut input = pool.alloc::<f32>(size)?;

@@ -142,6 +142,26 @@ def test_foreign_stream_waits_for_our_work(cuda_device, torch_cuda):
     assert float(y[0]) != 1.0
 
 
+def test_foreign_stream_wait_on_torch_default_stream(cuda_device, torch_cuda):
+    torch = torch_cuda
+    n = 1 << 24
+    t = torch.ones(n, device="cuda")
+    torch.cuda.synchronize()
+    arr = gpufeed.as_device_array(t, cuda_device)
+    ours = gpufeed.Stream(cuda_device)
+    op = ours.submit(("intensity", arr, 512), ("scale", arr, 2.0))  # slow, in flight
+    default = torch.cuda.default_stream()
+    assert default.cuda_stream == 0
+    # The stream object itself (its handle is 0: the legacy default stream).
+    gpufeed.foreign_stream_wait(ours, default)
+    with torch.cuda.stream(default):
+        y = t.clone()  # ordered after our kernels on the GPU, not by the host
+    op.wait()
+    default.synchronize()
+    assert torch.equal(y, t)
+    assert float(y[0]) != 1.0
+
+
 def test_pipeline_bit_identical_on_random_inputs(cuda_device):
     alloc = gpufeed.PinnedAllocator(cuda_device)
     pipe = gpufeed.Pipeline(cuda_device, 4)

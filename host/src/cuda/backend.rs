@@ -216,9 +216,9 @@ impl Backend for CudaBackend {
         // SAFETY: out-pointer to a local; the context is current.
         let r = unsafe { sys::cuMemHostAlloc(&mut ptr, bytes, f) };
         if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(Error::LockFailed {
+            return Err(Error::OutOfMemory {
+                what: "CUDA pinned host memory (cuMemHostAlloc)",
                 bytes,
-                reason: "the driver could not page-lock that much host memory".into(),
             });
         }
         self.shared.check("cuMemHostAlloc", r)?;
@@ -307,6 +307,12 @@ impl Backend for CudaBackend {
         if let Some(o) = &self.shared.ordered {
             // SAFETY: out-pointer to a local; our pool and stream are alive.
             let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut d, bytes, o.pool.0, o.stream.0) };
+            if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                return Err(Error::OutOfMemory {
+                    what: "CUDA device memory (cuMemAllocFromPoolAsync)",
+                    bytes,
+                });
+            }
             self.shared.check("cuMemAllocFromPoolAsync", r)?;
             // The allocation is ordered on the internal stream only: wait for
             // it (and the frees before it) so any stream may use the memory.
@@ -321,6 +327,12 @@ impl Backend for CudaBackend {
         }
         // SAFETY: out-pointer to a local; the context is current.
         let r = unsafe { sys::cuMemAlloc_v2(&mut d, bytes) };
+        if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            return Err(Error::OutOfMemory {
+                what: "CUDA device memory (cuMemAlloc)",
+                bytes,
+            });
+        }
         self.shared.check("cuMemAlloc", r)?;
         Ok(d)
     }
