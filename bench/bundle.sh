@@ -18,6 +18,16 @@ for f in .gpu/tests/host-*; do  # the binary's unit tests (demo::), not the libr
   if "$f" --list 2>/dev/null | grep -q '^demo::'; then rm -f "$f"; fi
 done
 bash python/build-wheel.sh "$PWD/.gpu/wheels" > /dev/null
+# PACK=1: the test executables travel as one xz archive (17 MiB in all instead of 56; the final
+# round unpacks it), and the examples stay behind. EXTRA_WHEELS: a folder of other wheels the
+# round installs (e.g. safetensors, fetched here with `pip download --only-binary=:all:`).
+if [ "${PACK:-0}" = 1 ]; then
+  rm -rf .gpu/examples
+  tar -C .gpu -cJf .gpu/tests.tar.xz tests && rm -rf .gpu/tests
+fi
+if [ -n "${EXTRA_WHEELS:-}" ]; then
+  mkdir -p .gpu/wheels/extra && cp "$EXTRA_WHEELS"/*.whl .gpu/wheels/extra/
+fi
 git rev-parse HEAD > .gpu/COMMIT
 git diff --quiet HEAD || echo "bundle: the tree has uncommitted changes (COMMIT names HEAD)" >&2
 du -sh .gpu
