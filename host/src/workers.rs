@@ -20,6 +20,7 @@
 
 use crate::completion::lock;
 use crate::error::{Error, Result};
+use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -47,10 +48,11 @@ struct Job {
 enum What {
     /// Copies `src..src + len` to `dst`.
     Copy { src: usize, dst: usize },
-    /// Reads the file `fd` from offset `at` into `dst` (`pread`).
-    Read { fd: i32, at: u64, dst: usize },
-    /// Writes `src` to the file `fd` at offset `at` (`pwrite`).
-    Write { fd: i32, at: u64, src: usize },
+    /// Reads the file (the address of a borrowed `File`) from offset `at`
+    /// into `dst` (`pread`).
+    Read { file: usize, at: u64, dst: usize },
+    /// Writes `src` to the file (as for `Read`) at offset `at` (`pwrite`).
+    Write { file: usize, at: u64, src: usize },
 }
 
 struct Shared {
@@ -150,9 +152,8 @@ impl CopyWorkers {
     /// [`Error::Io`]: the system's error, or `UnexpectedEof` when the file
     /// ends before `dst` is full (a truncated file, or one that shrank).
     pub(crate) fn read(&self, file: &std::fs::File, at: u64, dst: &mut [u8]) -> Result<()> {
-        use std::os::fd::AsRawFd;
         let what = What::Read {
-            fd: file.as_raw_fd(),
+            file: file as *const std::fs::File as usize,
             at,
             dst: dst.as_mut_ptr() as usize,
         };
@@ -166,9 +167,8 @@ impl CopyWorkers {
     /// # Errors
     /// [`Error::Io`]: the system's error (`ENOSPC` on a full disk).
     pub(crate) fn write(&self, file: &std::fs::File, at: u64, src: &[u8]) -> Result<()> {
-        use std::os::fd::AsRawFd;
         let what = What::Write {
-            fd: file.as_raw_fd(),
+            file: file as *const std::fs::File as usize,
             at,
             src: src.as_ptr() as usize,
         };
@@ -288,19 +288,42 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
                 };
                 Ok(())
             }
-            What::Read { fd, at, dst } => {
+            What::Read { file, at, dst } => {
                 // SAFETY: as for a copy: `dst + start..dst + end` is this
-                // piece's part of the exclusively borrowed destination.
-                let buf = unsafe {
-                    std::slice::from_raw_parts_mut((dst + start) as *mut u8, end - start)
+                // piece's part of the exclusively borrowed destination; the
+                // file is borrowed by the caller of `run` too.
+                let (buf, file) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut((dst + start) as *mut u8, end - start),
+                        &*(file as *const std::fs::File),
+                    )
                 };
-                pread_all(fd, buf, at + start as u64)
+                let at = at + start as u64;
+                file.read_exact_at(buf, at).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        std::io::Error::new(
+                            e.kind(),
+                            format!(
+                                "the file ends before offset {} (truncated, or it shrank during the read)",
+                                at + buf.len() as u64
+                            ),
+                        )
+                    } else {
+                        e
+                    }
+                    .into()
+                })
             }
-            What::Write { fd, at, src } => {
-                // SAFETY: as for a copy, the source borrowed for reads.
-                let buf =
-                    unsafe { std::slice::from_raw_parts((src + start) as *const u8, end - start) };
-                pwrite_all(fd, buf, at + start as u64)
+            What::Write { file, at, src } => {
+                // SAFETY: as for a copy, the source borrowed for reads; the
+                // file borrowed by the caller.
+                let (buf, file) = unsafe {
+                    (
+                        std::slice::from_raw_parts((src + start) as *const u8, end - start),
+                        &*(file as *const std::fs::File),
+                    )
+                };
+                Ok(file.write_all_at(buf, at + start as u64)?)
             }
         }
     };
@@ -308,74 +331,6 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
         Ok(r) => r,
         Err(p) => Err(Error::WorkerPanicked(panic_text(&*p))),
     }
-}
-
-/// Fills `buf` from `fd` at `at`, retrying short reads and interruptions.
-fn pread_all(fd: i32, mut buf: &mut [u8], mut at: u64) -> Result<()> {
-    while !buf.is_empty() {
-        let off = libc::off_t::try_from(at).map_err(|_| {
-            Error::from(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "file offset too large",
-            ))
-        })?;
-        // SAFETY: `buf` is valid for writes of its length; `fd` is open
-        // (the caller's contract).
-        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off) };
-        match n {
-            0 => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "the file ends before offset {} (truncated, or it shrank during the read)",
-                        at + buf.len() as u64
-                    ),
-                )
-                .into())
-            }
-            n if n < 0 => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e.into());
-                }
-            }
-            n => {
-                let n = n as usize;
-                buf = &mut buf[n..];
-                at += n as u64;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Writes all of `buf` to `fd` at `at`, retrying short writes and interruptions.
-fn pwrite_all(fd: i32, mut buf: &[u8], mut at: u64) -> Result<()> {
-    while !buf.is_empty() {
-        let off = libc::off_t::try_from(at).map_err(|_| {
-            Error::from(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "file offset too large",
-            ))
-        })?;
-        // SAFETY: `buf` is valid for reads of its length; `fd` is open.
-        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), off) };
-        match n {
-            0 => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
-            n if n < 0 => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e.into());
-                }
-            }
-            n => {
-                let n = n as usize;
-                buf = &buf[n..];
-                at += n as u64;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// One round of waiting on a counter: a pause instruction for the first
