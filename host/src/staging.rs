@@ -270,11 +270,6 @@ impl Engine {
             slot.done.defer(move || engine.give_back(block));
         }
     }
-
-    /// Copies `src` into `dst` (same length) on the workers, each a piece.
-    fn par_copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        self.workers.copy(src, dst)
-    }
 }
 
 impl Staging {
@@ -370,18 +365,7 @@ impl Staging {
         dst: &'a mut DeviceBuffer<T>,
         at: usize,
     ) -> StagedCopy<'a> {
-        let elem = std::mem::size_of::<T>();
-        let start = self.check_range(dst, at, src.len());
-        let (device, addr, in_flight) = dst.staging_parts();
-        let mut copy = StagedCopy::new(
-            &self.engine,
-            Dir::H2d(src.as_ptr().cast()),
-            addr + if start.is_ok() { (at * elem) as u64 } else { 0 },
-            std::mem::size_of_val(src),
-            in_flight,
-        );
-        copy.fail_unless(start.and_then(|()| self.same_device(device)));
-        copy
+        self.start(dst, at, src.len(), Dir::H2d(src.as_ptr().cast()))
     }
 
     /// Copies `src` into `dst` (the same length) and resolves when the data
@@ -418,18 +402,7 @@ impl Staging {
         at: usize,
         dst: &'a mut [T],
     ) -> StagedCopy<'a> {
-        let elem = std::mem::size_of::<T>();
-        let start = self.check_range(src, at, dst.len());
-        let (device, addr, in_flight) = src.staging_parts();
-        let mut copy = StagedCopy::new(
-            &self.engine,
-            Dir::D2h(dst.as_mut_ptr().cast()),
-            addr + if start.is_ok() { (at * elem) as u64 } else { 0 },
-            std::mem::size_of_val(dst),
-            in_flight,
-        );
-        copy.fail_unless(start.and_then(|()| self.same_device(device)));
-        copy
+        self.start(src, at, dst.len(), Dir::D2h(dst.as_mut_ptr().cast()))
     }
 
     /// Reads `dst.len()` values from `file`, starting at byte `at`, into
@@ -452,17 +425,7 @@ impl Staging {
         at: u64,
         dst: &'a mut DeviceBuffer<T>,
     ) -> StagedCopy<'a> {
-        let (device, addr, in_flight) = dst.staging_parts();
-        let bytes = dst.len() * std::mem::size_of::<T>();
-        let mut copy = StagedCopy::new(
-            &self.engine,
-            Dir::FileIn { file, at },
-            addr,
-            bytes,
-            in_flight,
-        );
-        copy.fail_unless(self.same_device(device));
-        copy
+        self.start(dst, 0, dst.len(), Dir::FileIn { file, at })
     }
 
     /// Writes the values of `src` to `file` from byte `at` (parallel
@@ -481,17 +444,7 @@ impl Staging {
         file: &'a std::fs::File,
         at: u64,
     ) -> StagedCopy<'a> {
-        let (device, addr, in_flight) = src.staging_parts();
-        let bytes = src.len() * std::mem::size_of::<T>();
-        let mut copy = StagedCopy::new(
-            &self.engine,
-            Dir::FileOut { file, at },
-            addr,
-            bytes,
-            in_flight,
-        );
-        copy.fail_unless(self.same_device(device));
-        copy
+        self.start(src, 0, src.len(), Dir::FileOut { file, at })
     }
 
     /// [`Staging::read_file`] for synchronous code.
@@ -536,6 +489,27 @@ impl Staging {
     /// As [`Staging::h2d`].
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
         crate::block::block_on(self.d2h(src, dst))
+    }
+
+    /// A copy of `len` values at element `at` of `buf`, the other side in
+    /// `dir`: refused (at its first poll) for a range past the buffer's
+    /// end or a buffer of another device.
+    fn start<'a, T: Pod>(
+        &'a self,
+        buf: &'a DeviceBuffer<T>,
+        at: usize,
+        len: usize,
+        dir: Dir,
+    ) -> StagedCopy<'a> {
+        let elem = std::mem::size_of::<T>();
+        let range = self.check_range(buf, at, len);
+        let (device, addr, in_flight) = buf.staging_parts();
+        // The offset only when the range is inside the buffer (else it
+        // may overflow; the copy is refused anyway).
+        let offset = if range.is_ok() { (at * elem) as u64 } else { 0 };
+        let mut copy = StagedCopy::new(&self.engine, dir, addr + offset, len * elem, in_flight);
+        copy.fail_unless(range.and_then(|()| self.same_device(device)));
+        copy
     }
 
     fn same_device(&self, device: &Device) -> Result<()> {
@@ -666,22 +640,14 @@ impl<'a> StagedCopy<'a> {
     /// writes are the workers' own).
     fn route(&self) -> Route {
         let c = &self.engine.config;
-        if matches!(self.dir, Dir::FileIn { .. } | Dir::FileOut { .. }) {
-            return Route::Staged;
-        }
+        let below = match self.dir {
+            Dir::H2d(_) => c.direct_h2d_below,
+            Dir::D2h(_) => c.direct_d2h_below,
+            Dir::FileIn { .. } | Dir::FileOut { .. } => return Route::Staged,
+        };
         match c.route {
-            Route::Auto => {
-                let below = match self.dir {
-                    Dir::H2d(_) => c.direct_h2d_below,
-                    Dir::D2h(_) => c.direct_d2h_below,
-                    Dir::FileIn { .. } | Dir::FileOut { .. } => 0,
-                };
-                if self.total < below {
-                    Route::Direct
-                } else {
-                    Route::Staged
-                }
-            }
+            Route::Auto if self.total < below => Route::Direct,
+            Route::Auto => Route::Staged,
             r => r,
         }
     }
@@ -713,7 +679,7 @@ impl<'a> StagedCopy<'a> {
                 // SAFETY: `src` is the borrowed slice of `total` bytes, alive
                 // and unchanged while this future lives; the piece lies in it.
                 let piece = unsafe { std::slice::from_raw_parts(src.add(off), block.len()) };
-                self.engine.par_copy(piece, block)
+                self.engine.workers.copy(piece, block)
             }
             Dir::FileIn { file, at } => {
                 // SAFETY: the file is borrowed for the future's life.
@@ -734,7 +700,7 @@ impl<'a> StagedCopy<'a> {
                 // SAFETY: `dst` is the exclusively borrowed slice of `total`
                 // bytes, alive while this future lives; the piece lies in it.
                 let piece = unsafe { std::slice::from_raw_parts_mut(dst.add(off), block.len()) };
-                self.engine.par_copy(block, piece)
+                self.engine.workers.copy(block, piece)
             }
             Dir::FileOut { file, at } => {
                 // SAFETY: the file is borrowed for the future's life.
