@@ -107,12 +107,7 @@ pub fn numpy_from_bytes<'py>(
     shape: &[usize],
 ) -> PyResult<Bound<'py, PyAny>> {
     let np = py.import("numpy")?;
-    let name = if dtype == DType::BF16 {
-        "uint16"
-    } else {
-        dtype.name()
-    };
     let ba = pyo3::types::PyByteArray::new(py, bytes);
-    np.call_method1("frombuffer", (ba, name))?
+    np.call_method1("frombuffer", (ba, dtype.numpy_name()))?
         .call_method1("reshape", (PyTuple::new(py, shape)?,))
 }

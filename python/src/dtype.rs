@@ -37,6 +37,16 @@ pub const ALL: [DType; 12] = [
 ];
 
 impl DType {
+    /// The NumPy dtype that holds its values: its own, and `uint16` for
+    /// bfloat16, which NumPy lacks (the same two bytes per value).
+    pub fn numpy_name(self) -> &'static str {
+        if self == DType::BF16 {
+            "uint16"
+        } else {
+            self.name()
+        }
+    }
+
     /// NumPy's name (`float32`, ...; `bfloat16` as ml_dtypes and PyTorch call it).
     pub fn name(self) -> &'static str {
         match self {

@@ -38,11 +38,6 @@ pub(crate) fn engine_for(py: Python<'_>, device: &host::Device) -> PyResult<host
     py.detach(|| engine(device)).py()
 }
 
-/// The shape of a buffer-protocol view.
-fn view_shape(view: &ContiguousView) -> Vec<usize> {
-    view.shape.clone()
-}
-
 /// A C-contiguous view of `obj`: its own buffer export, or, for objects
 /// without one (a PyTorch CPU tensor), NumPy's view of it (no copy; a
 /// non-contiguous tensor is refused, never copied).
@@ -107,7 +102,7 @@ pub fn to_device(
     // The view last: nothing Python runs between it and the copy.
     let (view, _keep) = contiguous(obj, false)?;
     let dtype = dtype_of(&view)?;
-    let shape = view_shape(&view);
+    let shape = view.shape.clone();
     let array = DeviceArray::alloc(&device, shape, dtype)?;
     array.with_own("to_device()", |buf| {
         // GIL held (see the module's notes): the workers read the array.
@@ -138,12 +133,7 @@ pub fn to_host<'py>(
         Some(o) => o.clone(),
         None => {
             let np = py.import("numpy")?;
-            let name = if a.dtype == DType::BF16 {
-                "uint16"
-            } else {
-                a.dtype.name()
-            };
-            np.call_method1("empty", (PyTuple::new(py, &a.shape)?, name))?
+            np.call_method1("empty", (PyTuple::new(py, &a.shape)?, a.dtype.numpy_name()))?
         }
     };
     let (mut view, _keep) = contiguous(&out, true)?;
