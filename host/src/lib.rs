@@ -7,6 +7,8 @@
 //!   be touched or freed; dropping a job defers the release to completion.
 //! - [`Pipeline`]: chunked H2D → kernel → D2H over several streams, so the
 //!   copy engines and the SMs work at once.
+//! - [`Loader`]: batches of rows gathered by index into pinned blocks and
+//!   sent ahead of their use, as a `Stream` (a training loop's feeder).
 //! - Two backends behind one API ([`Device`]): the CUDA driver (loaded at
 //!   run time through cudarc) and a CPU emulation for machines without a GPU.
 //!
@@ -47,6 +49,7 @@ mod fork;
 pub mod guarantees;
 pub mod interop;
 mod kernel;
+mod loader;
 mod memory;
 mod multi;
 mod numa;
@@ -76,6 +79,9 @@ pub use kernel_abi;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
 pub use memory::MappedFlag;
+pub use loader::{
+    batches_per_epoch, epoch_indices, permutation, Batch, Loader, LoaderConfig, RowSource,
+};
 pub use memory::{
     DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
     Registered, MAX_HOST_ALIGN,

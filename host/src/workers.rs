@@ -53,6 +53,15 @@ enum What {
     Read { file: usize, at: u64, dst: usize },
     /// Writes `src` to the file (as for `Read`) at offset `at` (`pwrite`).
     Write { file: usize, at: u64, src: usize },
+    /// Gathers rows into `dst`: destination row `r` is the `row_bytes`
+    /// bytes at address `rows[r]` (`rows` the address of a `[usize]`).
+    /// A piece copies the parts of the rows its byte range covers, so any
+    /// split of `dst` works.
+    Gather {
+        rows: usize,
+        row_bytes: usize,
+        dst: usize,
+    },
 }
 
 struct Shared {
@@ -174,6 +183,32 @@ impl CopyWorkers {
         };
         // SAFETY: `src` is borrowed for the call; the file too.
         unsafe { self.run(what, src.len()) }
+    }
+
+    /// Fills `dst` with rows gathered from memory: destination row `r` is
+    /// the `row_bytes` bytes at `rows[r]`; `dst` holds `rows.len() ×
+    /// row_bytes` bytes.
+    ///
+    /// # Safety
+    /// Every `rows[r]` is the address of `row_bytes` bytes readable, and
+    /// written by no one, until this returns.
+    ///
+    /// # Errors
+    /// As [`CopyWorkers::copy`].
+    pub(crate) unsafe fn gather(&self, rows: &[usize], row_bytes: usize, dst: &mut [u8]) -> Result<()> {
+        assert_eq!(
+            Some(dst.len()),
+            rows.len().checked_mul(row_bytes),
+            "CopyWorkers::gather of a destination not rows × row_bytes"
+        );
+        let what = What::Gather {
+            rows: rows.as_ptr() as usize,
+            row_bytes,
+            dst: dst.as_mut_ptr() as usize,
+        };
+        // SAFETY: `dst` and `rows` are borrowed for the call; the rows they
+        // name are readable for the call (the caller's contract).
+        unsafe { self.run(what, dst.len()) }
     }
 
     /// Runs one job of `len` bytes on the workers and this thread.
@@ -325,11 +360,40 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
                 };
                 Ok(file.write_all_at(buf, at + start as u64)?)
             }
+            What::Gather {
+                rows,
+                row_bytes,
+                dst,
+            } => {
+                gather_range(rows, row_bytes, dst, start, end);
+                Ok(())
+            }
         }
     };
     match std::panic::catch_unwind(AssertUnwindSafe(run)) {
         Ok(r) => r,
         Err(p) => Err(Error::WorkerPanicked(panic_text(&*p))),
+    }
+}
+
+/// Copies bytes `start..end` of a gather's destination (see
+/// [`What::Gather`]): the tail of the first row the range cuts, whole rows,
+/// the head of the last.
+fn gather_range(rows: usize, row_bytes: usize, dst: usize, start: usize, end: usize) {
+    let mut at = start;
+    while at < end {
+        let (row, within) = (at / row_bytes, at % row_bytes);
+        let n = (row_bytes - within).min(end - at);
+        // SAFETY: the caller of `CopyWorkers::gather` holds `rows` (the
+        // destination's row count of addresses) and `dst` borrowed until
+        // every piece is done, and each `rows[row]` readable for
+        // `row_bytes` bytes; `at < end <= dst's length`, so `row` is in
+        // range; pieces write disjoint ranges of `dst`.
+        unsafe {
+            let src = *(rows as *const usize).add(row);
+            std::ptr::copy_nonoverlapping((src + within) as *const u8, (dst + at) as *mut u8, n);
+        }
+        at += n;
     }
 }
 
