@@ -152,7 +152,7 @@ pub fn epoch_indices(n: usize, config: &LoaderConfig, epoch: u64) -> Vec<usize> 
         return order;
     }
     let per_rank = if config.drop_last && n % world != 0 {
-        (n - world).div_ceil(world)
+        n.saturating_sub(world).div_ceil(world)
     } else {
         n.div_ceil(world)
     };
@@ -188,7 +188,7 @@ fn epoch_indices_len(n: usize, config: &LoaderConfig) -> usize {
     if world == 1 {
         n
     } else if config.drop_last && n % world != 0 {
-        (n - world).div_ceil(world)
+        n.saturating_sub(world).div_ceil(world)
     } else {
         n.div_ceil(world)
     }
