@@ -7,6 +7,8 @@
 //! - [`ops::Stream`] / [`ops::Operation`]: copies and the in-tree kernels as
 //!   operations that own their buffers until the device is done.
 //! - [`pipe::Pipeline`]: the chunked overlap pipeline, run with the GIL released.
+//! - [`loader::Loader`]: a training loop's feeder (batches gathered by index
+//!   into pinned blocks, sent ahead, handed out as torch/CuPy tensors).
 //! - [`dlpack`]: DLPack and `__cuda_array_interface__` exchange.
 //!
 //! The ownership rules (what makes it sound): a buffer given to an
@@ -26,6 +28,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod files;
 pub mod foreign;
+pub mod loader;
 pub mod ops;
 pub mod pipe;
 pub mod staging;
@@ -232,6 +235,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ops::Stream>()?;
     m.add_class::<ops::Operation>()?;
     m.add_class::<pipe::Pipeline>()?;
+    m.add_class::<loader::Loader>()?;
     m.add_function(wrap_pyfunction!(device::default_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::as_device_array, m)?)?;
     m.add_function(wrap_pyfunction!(alloc::pin, m)?)?;

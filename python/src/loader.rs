@@ -1,0 +1,921 @@
+//! `Loader`: a training loop's feeder. Batches of rows of a NumPy array, a
+//! memory map, `.npy` files or a safetensors file (or a dict of those) are
+//! gathered by index in native threads straight into pinned blocks and
+//! sent to the device on the loader's own stream, `prefetch` batches ahead
+//! (the `host` crate's [`host::Loader`]); they come out as torch tensors,
+//! CuPy arrays or `DeviceArray`s without a copy.
+//!
+//! The GIL: a source the caller can reach (an array they passed) is
+//! gathered with the GIL held, as `to_device` reads arrays (NumPy lets
+//! another thread replace an array's memory under a live export); a
+//! source only the loader holds (its own memory maps of files) is gathered
+//! with the GIL released. Waiting for a batch's DMA always releases it.
+//!
+//! Device memory: every batch is a fresh allocation. A batch handed to
+//! torch or CuPy is kept by the loader until the consumer's tensor is gone
+//! (its DLPack export released) and an event recorded then on the
+//! consumer's current stream has completed: only then is its memory freed
+//! for reuse, so a later batch never lands in memory a queued kernel still
+//! reads.
+
+use crate::buffer::ContiguousView;
+use crate::device::{DevMem, Device, DeviceArray, StateCell};
+use crate::dtype::DType;
+use crate::IntoPy;
+use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What batches come out as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framework {
+    Torch,
+    Cupy,
+    Gpufeed,
+    Numpy,
+}
+
+/// One field of the source (the array itself, or one entry of a dict).
+struct Field {
+    /// The dict key (None for a lone source).
+    name: Option<String>,
+    dtype: DType,
+    /// The shape of one row (the source's shape without its first axis).
+    row_shape: Vec<usize>,
+    rows: usize,
+    row_bytes: usize,
+    /// (address, rows) of each piece of memory, concatenated.
+    segments: Vec<(*const u8, usize)>,
+}
+
+/// What keeps a source's memory alive and unmoved: its buffer exports.
+struct Keep {
+    views: Vec<ContiguousView>,
+    /// Whether the caller can reach the memory (then gathers hold the GIL).
+    reachable: bool,
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// The rows of one array-like object (a NumPy array, a memory map, anything
+/// exporting a C-contiguous buffer with a shape).
+fn array_field(
+    obj: &Bound<'_, PyAny>,
+    name: Option<String>,
+    what: &str,
+    keep: &mut Keep,
+) -> PyResult<Field> {
+    if let Ok(ndim) = obj.getattr("ndim") {
+        if ndim.extract::<usize>().ok() == Some(0) {
+            return Err(PyValueError::new_err(format!(
+                "Loader: {what} is 0-dimensional; rows are its first axis"
+            )));
+        }
+    }
+    if let Ok(flags) = obj.getattr("flags") {
+        if let Ok(c) = flags.getattr("c_contiguous") {
+            if !c.extract::<bool>()? {
+                return Err(PyValueError::new_err(format!(
+                    "Loader: {what} is not C-contiguous (a strided view or Fortran order); \
+                     pass numpy.ascontiguousarray(a) (the loader makes no hidden copy)"
+                )));
+            }
+        }
+    }
+    let view = ContiguousView::get(obj, false).map_err(|e| {
+        if obj.hasattr("__array_interface__").unwrap_or(false) || obj.hasattr("shape").unwrap_or(false) {
+            PyValueError::new_err(format!("Loader: {what} has no C-contiguous buffer: {e}"))
+        } else {
+            PyTypeError::new_err(format!(
+                "Loader: {what} must be a NumPy array or memory map, a list of .npy paths, a \
+                 safetensors path or a dict of those, not {}",
+                type_name(obj)
+            ))
+        }
+    })?;
+    let format = view.format.clone().unwrap_or_else(|| "B".into());
+    let dtype = DType::from_format(&format)
+        .filter(|d| d.size() == view.itemsize)
+        .ok_or_else(|| {
+            let described = obj
+                .getattr("dtype")
+                .map(|d| d.to_string())
+                .unwrap_or_else(|_| format!("format {format:?}"));
+            PyTypeError::new_err(format!(
+                "Loader: {what} has dtype {described}, which has no device dtype (numbers of \
+                 1-8 bytes are supported)"
+            ))
+        })?;
+    let Some((&rows, row_shape)) = view.shape.split_first() else {
+        return Err(PyValueError::new_err(format!(
+            "Loader: {what} is 0-dimensional; rows are its first axis"
+        )));
+    };
+    let row_elems: usize = row_shape.iter().product();
+    let row_bytes = row_elems * dtype.size();
+    if row_bytes == 0 && rows > 0 {
+        return Err(PyValueError::new_err(format!(
+            "Loader: {what}'s rows (shape {:?}) hold no bytes",
+            view.shape
+        )));
+    }
+    let field = Field {
+        name,
+        dtype,
+        row_shape: row_shape.to_vec(),
+        rows,
+        row_bytes,
+        segments: vec![(view.ptr as *const u8, rows)],
+    };
+    keep.views.push(view);
+    Ok(field)
+}
+
+/// `np.load(path, mmap_mode="r")`, or an empty array for a file of no rows.
+fn npy_map<'py>(py: Python<'py>, path: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let np = py.import("numpy")?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("mmap_mode", "r")?;
+    np.getattr("load")?.call((path,), Some(&kwargs))
+}
+
+/// Several `.npy` files as one field, concatenated along axis 0.
+fn npy_list_field(
+    py: Python<'_>,
+    paths: &Bound<'_, PyAny>,
+    name: Option<String>,
+    keep: &mut Keep,
+) -> PyResult<Field> {
+    let mut field: Option<Field> = None;
+    for (i, p) in paths.try_iter()?.enumerate() {
+        let p = p?;
+        let what = format!("file {i} ({})", p.str()?);
+        let m = npy_map(py, &p)?;
+        let f = array_field(&m, name.clone(), &what, keep)?;
+        match &mut field {
+            None => field = Some(f),
+            Some(acc) => {
+                if acc.dtype != f.dtype || acc.row_shape != f.row_shape {
+                    return Err(PyValueError::new_err(format!(
+                        "Loader: the .npy files must agree in dtype and row shape: file 0 has {} \
+                         rows of {:?}, {what} {} rows of {:?}",
+                        acc.dtype.name(),
+                        acc.row_shape,
+                        f.dtype.name(),
+                        f.row_shape
+                    )));
+                }
+                acc.rows += f.rows;
+                acc.segments.extend(f.segments);
+            }
+        }
+    }
+    field.ok_or_else(|| PyValueError::new_err("Loader: an empty list of .npy files"))
+}
+
+/// The device dtype of a safetensors dtype name.
+fn safetensors_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "F64" => DType::F64,
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        "I64" => DType::I64,
+        "I32" => DType::I32,
+        "I16" => DType::I16,
+        "I8" => DType::I8,
+        "U64" => DType::U64,
+        "U32" => DType::U32,
+        "U16" => DType::U16,
+        "U8" => DType::U8,
+        _ => return None,
+    })
+}
+
+/// Every tensor of a safetensors file as a field (rows: its first axis),
+/// memory-mapped.
+fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<Vec<Field>> {
+    use std::io::Read;
+    let bad = |why: String| PyValueError::new_err(format!("{path}: not a safetensors file: {why}"));
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}"))))?;
+    let size = file.metadata()?.len();
+    let mut n = [0u8; 8];
+    file.read_exact(&mut n)
+        .map_err(|_| bad("shorter than its 8-byte header length".into()))?;
+    let n = u64::from_le_bytes(n);
+    if n > 100 << 20 || 8 + n > size {
+        return Err(bad(format!("header length {n} does not fit the file")));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header)
+        .map_err(|_| bad("header cut short".into()))?;
+    let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8".into()))?;
+    let parsed = py
+        .import("json")?
+        .call_method1("loads", (text,))
+        .map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let entries = parsed
+        .cast::<PyDict>()
+        .map_err(|_| bad("header is not a JSON object".into()))?;
+    let np = py.import("numpy")?;
+    let mut fields = Vec::new();
+    for (name, meta) in entries.iter() {
+        let name: String = name.extract()?;
+        if name == "__metadata__" {
+            continue;
+        }
+        let get = |k: &str| meta.get_item(k).map_err(|_| bad(format!("tensor {name:?} has no {k:?}")));
+        let dtype_name: String = get("dtype")?.extract()?;
+        let dtype = safetensors_dtype(&dtype_name).ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{path}: tensor {name:?} has dtype {dtype_name}, which the loader does not support"
+            ))
+        })?;
+        let shape: Vec<usize> = get("shape")?.extract()?;
+        let offsets: Vec<u64> = get("data_offsets")?.extract()?;
+        let [begin, end] = offsets[..] else {
+            return Err(bad(format!("tensor {name:?}: data_offsets is not [begin, end]")));
+        };
+        let nbytes = shape
+            .iter()
+            .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
+        if end < begin || end - begin != nbytes as u64 || 8 + n + end > size {
+            return Err(bad(format!(
+                "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
+            )));
+        }
+        let what = format!("tensor {name:?} of {path}");
+        let Some((&rows, row_shape)) = shape.split_first() else {
+            return Err(PyValueError::new_err(format!(
+                "Loader: {what} is 0-dimensional; rows are its first axis"
+            )));
+        };
+        let row_bytes = row_shape.iter().product::<usize>() * dtype.size();
+        if row_bytes == 0 && rows > 0 {
+            return Err(PyValueError::new_err(format!("Loader: {what}'s rows hold no bytes")));
+        }
+        let ptr = if nbytes == 0 {
+            std::ptr::NonNull::<u64>::dangling().as_ptr() as *const u8
+        } else {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("dtype", "uint8")?;
+            kwargs.set_item("mode", "r")?;
+            kwargs.set_item("offset", 8 + n + begin)?;
+            kwargs.set_item("shape", (nbytes,))?;
+            let m = np.getattr("memmap")?.call((path,), Some(&kwargs))?;
+            let view = ContiguousView::get(&m, false)?;
+            let p = view.ptr as *const u8;
+            keep.views.push(view);
+            p
+        };
+        fields.push(Field {
+            name: Some(name),
+            dtype,
+            row_shape: row_shape.to_vec(),
+            rows,
+            row_bytes,
+            segments: vec![(ptr, rows)],
+        });
+    }
+    if fields.is_empty() {
+        return Err(PyValueError::new_err(format!("Loader: {path} holds no tensor")));
+    }
+    Ok(fields)
+}
+
+/// A path-like object as a string, if it is one.
+fn as_path(obj: &Bound<'_, PyAny>) -> Option<String> {
+    if obj.is_instance_of::<PyString>() || obj.hasattr("__fspath__").unwrap_or(false) {
+        let os = obj.py().import("os").ok()?;
+        os.call_method1("fspath", (obj,)).ok()?.extract().ok()
+    } else {
+        None
+    }
+}
+
+/// The fields of one source value (not a dict), `name` its dict key.
+fn value_fields(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    name: Option<String>,
+    keep: &mut Keep,
+) -> PyResult<Vec<Field>> {
+    let what = match &name {
+        Some(n) => format!("source[{n:?}]"),
+        None => "the source".into(),
+    };
+    if let Some(path) = as_path(obj) {
+        if path.ends_with(".safetensors") {
+            let mut fields = safetensors_fields(py, &path, keep)?;
+            if let (Some(n), [f]) = (&name, &mut fields[..]) {
+                f.name = Some(n.clone());
+            } else if name.is_some() {
+                return Err(PyValueError::new_err(format!(
+                    "Loader: {what} is a safetensors file of several tensors; give it as the \
+                     whole source (each tensor becomes a field) or one tensor per file"
+                )));
+            }
+            return Ok(fields);
+        }
+        let list = PyList::new(py, [obj])?;
+        return Ok(vec![npy_list_field(py, list.as_any(), name, keep)?]);
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        for item in obj.try_iter()? {
+            if as_path(&item?).is_none() {
+                return Err(PyTypeError::new_err(format!(
+                    "Loader: {what} is a list: it must hold .npy file paths"
+                )));
+            }
+        }
+        return Ok(vec![npy_list_field(py, obj, name, keep)?]);
+    }
+    keep.reachable = true;
+    Ok(vec![array_field(obj, name, &what, keep)?])
+}
+
+/// This process's (rank, world size, local rank) under torch.distributed
+/// or torchrun, or the explicit arguments.
+fn distributed(
+    py: Python<'_>,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+) -> PyResult<(usize, usize, Option<usize>)> {
+    let env = |k: &str| -> PyResult<Option<usize>> {
+        match std::env::var(k) {
+            Ok(v) => v.trim().parse().map(Some).map_err(|_| {
+                PyValueError::new_err(format!("Loader: environment variable {k}={v:?} is not a count"))
+            }),
+            Err(_) => Ok(None),
+        }
+    };
+    let local = env("LOCAL_RANK")?;
+    match (rank, world_size) {
+        (Some(r), Some(w)) => return Ok((r, w, local)),
+        (None, None) => {}
+        _ => {
+            return Err(PyValueError::new_err(
+                "Loader: give both rank= and world_size=, or neither",
+            ))
+        }
+    }
+    // A process group initialized: torch.distributed is imported already.
+    let modules = py.import("sys")?.getattr("modules")?;
+    if modules.contains("torch.distributed")? {
+        let dist = py.import("torch.distributed")?;
+        if dist.call_method0("is_available")?.extract::<bool>()?
+            && dist.call_method0("is_initialized")?.extract::<bool>()?
+        {
+            let r = dist.call_method0("get_rank")?.extract()?;
+            let w = dist.call_method0("get_world_size")?.extract()?;
+            return Ok((r, w, local));
+        }
+    }
+    match (env("RANK")?, env("WORLD_SIZE")?) {
+        (Some(r), Some(w)) => Ok((r, w, local)),
+        _ => Ok((0, 1, local)),
+    }
+}
+
+fn importable(py: Python<'_>, name: &str) -> bool {
+    py.import(name).is_ok()
+}
+
+/// `Loader(source, batch_size, shuffle=False, seed=0, drop_last=False,
+/// prefetch=2, device=None, framework="auto", rank=None, world_size=None)`:
+/// batches of rows for a training loop.
+///
+/// - `source`: a NumPy array or memory map (rows: the first axis), a list
+///   of `.npy` paths (memory-mapped, concatenated along axis 0), a
+///   safetensors path (each tensor a field), or a dict of name → any of
+///   those (equal row counts; each batch is then a dict).
+/// - Iterating runs one epoch; `len(loader)` is its batch count. The order
+///   is `0..n`, or with `shuffle` a permutation that is a deterministic
+///   function of `(seed, epoch)` (SplitMix64 Fisher–Yates, the same in any
+///   process); `set_epoch(e)` picks the epoch, as with
+///   `DistributedSampler` (the epoch does not advance by itself).
+/// - Under torch.distributed (a process group initialized, or torchrun's
+///   `RANK`/`WORLD_SIZE`), or with `rank=` and `world_size=`, each rank
+///   takes its shard with `DistributedSampler`'s semantics, and batches go
+///   to GPU `LOCAL_RANK` unless `device` is given.
+/// - `framework`: `"torch"`, `"cupy"`, `"gpufeed"` (`DeviceArray`s) or
+///   `"numpy"` (host arrays, a copy); `"auto"`: torch if importable, else
+///   CuPy (on a GPU), else `DeviceArray`s. On the CPU emulation torch
+///   tensors are CPU tensors (device memory there is host memory).
+/// - Each batch is ready on the consumer's current stream when handed out
+///   (that stream is made to wait for the batch's copy).
+/// - `state_dict()` / `load_state_dict(d)`: resume mid-epoch.
+#[pyclass(module = "gpufeed", unsendable)]
+pub struct Loader {
+    inner: host::Loader<'static, u8>,
+    fields: Vec<Field>,
+    as_dict: bool,
+    framework: Framework,
+    device: host::Device,
+    /// The next `__iter__` starts here (a loaded state), then 0.
+    resume_at: usize,
+    epoch: u64,
+    config: host::LoaderConfig,
+    /// Batches handed to torch or CuPy, kept until their export is released.
+    handed: Vec<Py<DeviceArray>>,
+    /// Released batches, each with an event on the consumer's stream: freed
+    /// once it completes.
+    retiring: Vec<(Py<DeviceArray>, Py<PyAny>)>,
+    /// Last: the exports keeping the source's memory alive (released after
+    /// `inner` is dropped).
+    keep: Keep,
+}
+
+impl Loader {
+    fn cuda(&self) -> bool {
+        self.device.kind() == host::BackendKind::Cuda
+    }
+
+    /// The consumer's current stream object (torch or CuPy), on CUDA.
+    fn consumer_stream<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if !self.cuda() {
+            return Ok(None);
+        }
+        let ordinal = self.device.info().ordinal;
+        match self.framework {
+            Framework::Torch => Ok(Some(
+                py.import("torch.cuda")?
+                    .call_method1("current_stream", (ordinal,))?,
+            )),
+            Framework::Cupy => Ok(Some(
+                py.import("cupy.cuda")?
+                    .call_method0("get_current_stream")?,
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// Frees (drops) the batches whose consumers are done: a released
+    /// export gets an event on the consumer's stream; a completed event
+    /// lets its batch go.
+    fn reap(&mut self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let mut still = Vec::with_capacity(self.handed.len());
+        for a in self.handed.drain(..) {
+            if a.get().exports.load(Ordering::SeqCst) > 0 {
+                still.push(a);
+                continue;
+            }
+            let event = match (self.framework, stream) {
+                (Framework::Torch, Some(s)) => {
+                    let ev = py.import("torch.cuda")?.getattr("Event")?.call0()?;
+                    ev.call_method1("record", (s,))?;
+                    ev
+                }
+                (Framework::Cupy, Some(s)) => {
+                    let ev = py.import("cupy.cuda")?.getattr("Event")?.call0()?;
+                    ev.call_method1("record", (s,))?;
+                    ev
+                }
+                _ => continue, // nothing to wait for: dropped now
+            };
+            self.retiring.push((a, event.unbind()));
+        }
+        self.handed = still;
+        let mut kept = Vec::with_capacity(self.retiring.len());
+        for (a, ev) in self.retiring.drain(..) {
+            let ev_b = ev.bind(py);
+            let done: bool = match self.framework {
+                Framework::Cupy => ev_b.getattr("done")?.extract()?,
+                _ => ev_b.call_method0("query")?.extract()?,
+            };
+            if !done {
+                kept.push((a, ev));
+            }
+        }
+        self.retiring = kept;
+        Ok(())
+    }
+
+    /// One field's device buffer as the framework's object.
+    fn convert<'py>(
+        &mut self,
+        py: Python<'py>,
+        field: usize,
+        mut buf: host::DeviceBuffer<u8>,
+        rows: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let f = &self.fields[field];
+        let mut shape = vec![rows];
+        shape.extend(&f.row_shape);
+        let (dtype, nbytes) = (f.dtype, buf.len());
+        let on_host = !self.cuda() && self.framework == Framework::Torch
+            || self.framework == Framework::Numpy;
+        if on_host {
+            let np = py.import("numpy")?;
+            let out = np.call_method1("empty", (PyTuple::new(py, &shape)?, dtype.numpy_name()))?;
+            let mut view = ContiguousView::get(&out, true)?;
+            // SAFETY: a fresh array of ours, exported writable; no Python
+            // code runs while the slice lives.
+            let dst = unsafe { view.as_bytes_mut() };
+            buf.copy_to_host_sync(dst).py()?;
+            drop(view);
+            if self.framework == Framework::Numpy {
+                return Ok(out);
+            }
+            let torch = py.import("torch")?;
+            let t = torch.call_method1("from_numpy", (out,))?;
+            if dtype == DType::BF16 {
+                return t.call_method1("view", (torch.getattr("bfloat16")?,));
+            }
+            return Ok(t);
+        }
+        let array = Py::new(
+            py,
+            DeviceArray {
+                state: StateCell::ready(DevMem::Own(buf)),
+                dtype,
+                shape,
+                nbytes,
+                device: self.device.clone(),
+                exports: Arc::default(),
+                shared: AtomicBool::new(false),
+            },
+        )?;
+        match self.framework {
+            Framework::Torch => {
+                let t = py
+                    .import("torch")?
+                    .call_method1("from_dlpack", (array.bind(py),))?;
+                self.handed.push(array);
+                Ok(t)
+            }
+            Framework::Cupy => {
+                let c = py
+                    .import("cupy")?
+                    .call_method1("from_dlpack", (array.bind(py),))?;
+                self.handed.push(array);
+                Ok(c)
+            }
+            _ => Ok(array.into_bound(py).into_any()),
+        }
+    }
+
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let stream = self.consumer_stream(py)?;
+        self.reap(py, stream.as_ref())?;
+        // The gathers: with the GIL held when the caller can reach the
+        // source (see the module's notes).
+        let inner = &mut self.inner;
+        if self.keep.reachable {
+            inner.fill_ahead().py()?;
+        } else {
+            py.detach(|| inner.fill_ahead()).py()?;
+        }
+        let inner = &mut self.inner;
+        let next = py.detach(|| host::block_on(futures::StreamExt::next(inner)));
+        let batch = match next {
+            None => return Ok(None),
+            Some(b) => b.py()?,
+        };
+        if let Some(s) = &stream {
+            // The consumer's stream waits for the batch's copies (already
+            // done on the host's side; this keeps the order on the GPU's).
+            let handle = crate::ops::foreign_stream_handle(s)?;
+            // SAFETY: the current stream of torch or CuPy on this device:
+            // a live stream of the primary context, or a default-stream
+            // handle.
+            unsafe { host::interop::foreign_stream_wait(self.inner.stream(), handle) }.py()?;
+        }
+        let rows = batch.rows;
+        let mut out = Vec::with_capacity(batch.fields.len());
+        for (i, buf) in batch.fields.into_iter().enumerate() {
+            out.push(self.convert(py, i, buf, rows)?);
+        }
+        if self.as_dict {
+            let d = PyDict::new(py);
+            for (f, v) in self.fields.iter().zip(out) {
+                d.set_item(f.name.as_deref().unwrap_or(""), v)?;
+            }
+            Ok(Some(d.into_any()))
+        } else {
+            Ok(out.pop())
+        }
+    }
+}
+
+#[pymethods]
+impl Loader {
+    #[new]
+    #[pyo3(signature = (source, batch_size, shuffle=false, seed=0, drop_last=false, prefetch=2, device=None, framework="auto", rank=None, world_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        batch_size: i64,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        prefetch: i64,
+        device: Option<&Bound<'_, PyAny>>,
+        framework: &str,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+    ) -> PyResult<Self> {
+        if batch_size < 1 {
+            return Err(PyValueError::new_err(format!(
+                "Loader: batch_size must be at least 1, not {batch_size}"
+            )));
+        }
+        if prefetch < 1 {
+            return Err(PyValueError::new_err(format!(
+                "Loader: prefetch must be at least 1, not {prefetch}"
+            )));
+        }
+        let (rank, world_size, local_rank) = distributed(py, rank, world_size)?;
+        if world_size == 0 || rank >= world_size {
+            return Err(PyValueError::new_err(format!(
+                "Loader: rank {rank} must be below world_size {world_size} (at least 1)"
+            )));
+        }
+        let device: host::Device = match device {
+            Some(d) => match d.cast::<Device>() {
+                Ok(d) => d.get().inner.clone(),
+                Err(_) => {
+                    let ordinal: usize = d.extract().map_err(|_| {
+                        PyTypeError::new_err("Loader: device is a gpufeed.Device or an ordinal")
+                    })?;
+                    py.get_type::<Device>()
+                        .call1((py.None(), ordinal))?
+                        .cast::<Device>()?
+                        .get()
+                        .inner
+                        .clone()
+                }
+            },
+            None => {
+                let ordinal = if world_size > 1 { local_rank.unwrap_or(0) } else { 0 };
+                py.get_type::<Device>()
+                    .call1((py.None(), ordinal))?
+                    .cast::<Device>()?
+                    .get()
+                    .inner
+                    .clone()
+            }
+        };
+        let cuda = device.kind() == host::BackendKind::Cuda;
+        let framework = match framework {
+            "torch" => Framework::Torch,
+            "cupy" => Framework::Cupy,
+            "gpufeed" => Framework::Gpufeed,
+            "numpy" => Framework::Numpy,
+            "auto" => {
+                if importable(py, "torch") {
+                    Framework::Torch
+                } else if cuda && importable(py, "cupy") {
+                    Framework::Cupy
+                } else {
+                    Framework::Gpufeed
+                }
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "Loader: framework {other:?} is not one of \"auto\", \"torch\", \"cupy\", \
+                     \"gpufeed\", \"numpy\""
+                )))
+            }
+        };
+        if framework == Framework::Cupy && !cuda {
+            return Err(PyValueError::new_err(
+                "Loader: framework=\"cupy\" needs a GPU (this device is the CPU emulation)",
+            ));
+        }
+        let mut keep = Keep {
+            views: Vec::new(),
+            reachable: false,
+        };
+        let (fields, as_dict) = if let Ok(d) = source.cast::<PyDict>() {
+            if d.is_empty() {
+                return Err(PyValueError::new_err("Loader: an empty dict source"));
+            }
+            let mut fields = Vec::new();
+            for (k, v) in d.iter() {
+                let k: String = k
+                    .extract()
+                    .map_err(|_| PyTypeError::new_err("Loader: a dict source's keys are strings"))?;
+                fields.extend(value_fields(py, &v, Some(k), &mut keep)?);
+            }
+            (fields, true)
+        } else {
+            let fields = value_fields(py, source, None, &mut keep)?;
+            let as_dict = fields.len() > 1 || fields[0].name.is_some();
+            (fields, as_dict)
+        };
+        let rows0 = fields[0].rows;
+        for f in &fields {
+            if f.rows != rows0 {
+                return Err(PyValueError::new_err(format!(
+                    "Loader: the source's fields must have equal row counts: {:?} has {}, {:?} {}",
+                    fields[0].name.as_deref().unwrap_or("source"),
+                    rows0,
+                    f.name.as_deref().unwrap_or("source"),
+                    f.rows
+                )));
+            }
+        }
+        let mut sources = Vec::with_capacity(fields.len());
+        for f in &fields {
+            // SAFETY: `keep` holds a buffer export of every segment for the
+            // loader's life (dropped after `inner`); an export keeps the
+            // memory from being freed or resized, and gathers of memory
+            // the caller can reach run with the GIL held (see the
+            // module's notes).
+            let s = unsafe { host::RowSource::from_raw_parts(&f.segments, f.row_bytes.max(1)) }.py()?;
+            sources.push(s);
+        }
+        let mut config = host::LoaderConfig::new(batch_size as usize);
+        config.shuffle = shuffle;
+        config.seed = seed;
+        config.drop_last = drop_last;
+        config.prefetch = prefetch as usize;
+        config.rank = rank;
+        config.world_size = world_size;
+        let inner = py
+            .detach(|| host::Loader::<u8>::new(&device, sources, config))
+            .py()?;
+        Ok(Loader {
+            inner,
+            fields,
+            as_dict,
+            framework,
+            device,
+            resume_at: 0,
+            epoch: 0,
+            config,
+            handed: Vec::new(),
+            retiring: Vec::new(),
+            keep,
+        })
+    }
+
+    /// Batches in one epoch (this rank's).
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Starts an epoch (the one `set_epoch` chose; from the batch a loaded
+    /// state names, else from the start).
+    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyRefMut<'_, Self> {
+        let (epoch, skip) = (slf.epoch, std::mem::take(&mut slf.resume_at));
+        slf.inner.start_epoch(epoch, skip);
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self.next_batch(py)? {
+            Some(b) => Ok(b),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// Chooses the epoch the next iteration runs (its shuffled order).
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// The epoch the next (or current) iteration runs.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Rows in the source (all ranks').
+    #[getter]
+    fn rows(&self) -> usize {
+        self.inner.rows()
+    }
+
+    /// `(rank, world_size)` of this loader's shard.
+    #[getter]
+    fn shard(&self) -> (usize, usize) {
+        (self.config.rank, self.config.world_size)
+    }
+
+    /// The framework batches come out as (`"torch"`, `"cupy"`,
+    /// `"gpufeed"`, `"numpy"`).
+    #[getter]
+    fn framework(&self) -> &'static str {
+        match self.framework {
+            Framework::Torch => "torch",
+            Framework::Cupy => "cupy",
+            Framework::Gpufeed => "gpufeed",
+            Framework::Numpy => "numpy",
+        }
+    }
+
+    /// The rows this rank reads in `epoch` (default: the current one), in
+    /// order; batch `i` is `indices[i*batch_size:(i+1)*batch_size]`.
+    #[pyo3(signature = (epoch=None))]
+    fn indices(&self, epoch: Option<u64>) -> Vec<usize> {
+        host::epoch_indices(self.inner.rows(), &self.config, epoch.unwrap_or(self.epoch))
+    }
+
+    /// `{"epoch", "batches" (handed out so far this epoch), "seed",
+    /// "shuffle", "batch_size", "drop_last", "rank", "world_size",
+    /// "rows"}`.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        let c = &self.config;
+        let position = if self.resume_at > 0 {
+            self.resume_at
+        } else {
+            self.inner.position()
+        };
+        d.set_item("epoch", self.epoch)?;
+        d.set_item("batches", position)?;
+        d.set_item("seed", c.seed)?;
+        d.set_item("shuffle", c.shuffle)?;
+        d.set_item("batch_size", c.batch_size)?;
+        d.set_item("drop_last", c.drop_last)?;
+        d.set_item("rank", c.rank)?;
+        d.set_item("world_size", c.world_size)?;
+        d.set_item("rows", self.inner.rows())?;
+        Ok(d)
+    }
+
+    /// Resumes from a `state_dict()`: the next iteration runs its epoch
+    /// from the batch after the last one it had handed out. Raises
+    /// `ValueError` when the state was made with another order (seed,
+    /// shuffle, batch size, drop_last, shard, row count).
+    fn load_state_dict(&mut self, state: &Bound<'_, PyDict>) -> PyResult<()> {
+        let get = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> { state.get_item(k) };
+        let need = |k: &str| -> PyResult<u64> {
+            get(k)?
+                .ok_or_else(|| PyValueError::new_err(format!("Loader.load_state_dict: no {k:?}")))?
+                .extract()
+                .map_err(|_| PyValueError::new_err(format!("Loader.load_state_dict: {k:?} is not a count")))
+        };
+        let epoch = need("epoch")?;
+        let batches = need("batches")? as usize;
+        let c = self.config;
+        let mine: [(&str, u64); 7] = [
+            ("seed", c.seed),
+            ("shuffle", c.shuffle as u64),
+            ("batch_size", c.batch_size as u64),
+            ("drop_last", c.drop_last as u64),
+            ("rank", c.rank as u64),
+            ("world_size", c.world_size as u64),
+            ("rows", self.inner.rows() as u64),
+        ];
+        for (k, v) in mine {
+            if let Some(got) = get(k)? {
+                let got: u64 = got.extract().map_err(|_| {
+                    PyValueError::new_err(format!("Loader.load_state_dict: {k:?} is not a count"))
+                })?;
+                if got != v {
+                    return Err(PyValueError::new_err(format!(
+                        "Loader.load_state_dict: the state has {k}={got}, this loader {k}={v}: \
+                         the order would differ"
+                    )));
+                }
+            }
+        }
+        if batches > self.inner.len() {
+            return Err(PyValueError::new_err(format!(
+                "Loader.load_state_dict: {batches} batches consumed, but an epoch has {}",
+                self.inner.len()
+            )));
+        }
+        self.epoch = epoch;
+        self.resume_at = batches;
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<gpufeed.Loader {} rows, batch_size {}, {} batches/epoch, shuffle={}, rank {}/{}, {}>",
+            self.inner.rows(),
+            self.config.batch_size,
+            self.inner.len(),
+            self.config.shuffle,
+            self.config.rank,
+            self.config.world_size,
+            self.framework()
+        )
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Batches whose consumers' events are pending: wait for them, so
+        // their memory is not reused under a queued kernel.
+        Python::attach(|py| {
+            for (_, ev) in &self.retiring {
+                let _ = ev.bind(py).call_method0("synchronize");
+            }
+        });
+    }
+}

@@ -1,0 +1,435 @@
+"""gpufeed.Loader: every element of every batch is compared with NumPy's own
+gather (`a[idx]`) of the rows the batch should hold, the order computed here
+independently (a Python SplitMix64 Fisher-Yates and DistributedSampler's
+sharding written out, and torch's own DistributedSampler when torch is
+there), read back into poisoned outputs. Also: epochs, len, set_epoch,
+resuming from a state dict, drop_last both ways, dict sources, .npy lists,
+safetensors, typed errors, and two ranks under torch.distributed (gloo)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import gpufeed
+
+from conftest import need
+
+POISON = 0xA5
+MASK = (1 << 64) - 1
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
+
+
+def splitmix64(state):
+    state = (state + 0x9E3779B97F4A7C15) & MASK
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return state, z ^ (z >> 31)
+
+
+def ref_permutation(n, seed, epoch):
+    """The documented algorithm, written again: SplitMix64 from
+    seed ^ splitmix64(epoch), Fisher-Yates with Lemire's bounded draws."""
+    _, e = splitmix64(epoch)
+    state = seed ^ e
+    v = list(range(n))
+    for i in range(n - 1, 0, -1):
+        bound = i + 1
+        threshold = (-bound & MASK) % bound
+        while True:
+            state, x = splitmix64(state)
+            m = x * bound
+            if (m & MASK) >= threshold:
+                j = m >> 64
+                break
+        v[i], v[j] = v[j], v[i]
+    return v
+
+
+def ref_indices(n, shuffle, seed, epoch, drop_last=False, rank=0, world=1):
+    """DistributedSampler.__iter__, written out over our permutation."""
+    order = ref_permutation(n, seed, epoch) if shuffle else list(range(n))
+    if world == 1:
+        return order
+    if drop_last and n % world != 0:
+        per = -(-(n - world) // world) if n > world else 0
+    else:
+        per = -(-n // world)
+    total = per * world
+    if not drop_last:
+        pad = total - n
+        order = order + (order * (pad // max(n, 1) + 1))[:pad] if n else []
+    else:
+        order = order[:total]
+    return order[rank:total:world]
+
+
+def ref_batches(n, batch, shuffle, seed, epoch, drop_last=False, rank=0, world=1):
+    idx = ref_indices(n, shuffle, seed, epoch, drop_last, rank, world)
+    out = [idx[i:i + batch] for i in range(0, len(idx), batch)]
+    if drop_last and out and len(out[-1]) < batch:
+        out.pop()
+    return out
+
+
+def fresh(rng, shape, dtype):
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def host_copy(d):
+    """A DeviceArray read back into a poisoned array."""
+    out = np.empty(d.shape, dtype=np.dtype(d.dtype) if d.dtype != "bfloat16" else np.uint16)
+    out.view(np.uint8)[...] = POISON
+    gpufeed.to_host(d, out=out)
+    return out
+
+
+def same(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_the_permutation_is_the_documented_algorithm():
+    a = np.arange(10)
+    ld = gpufeed.Loader(a, 4, shuffle=True, seed=0, device=gpufeed.default_device())
+    assert ld.indices(0) == ref_permutation(10, 0, 0) == [1, 2, 5, 7, 0, 8, 4, 3, 9, 6]
+    for n, seed, epoch in [(1000, 1, 2), (1, 5, 5), (0, 1, 1), (4097, 2**64 - 1, 2**63)]:
+        ld = gpufeed.Loader(np.arange(max(n, 1))[:n].reshape(n), 3, shuffle=True, seed=seed)
+        assert ld.indices(epoch) == ref_permutation(n, seed, epoch)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "uint16", "float64"])
+@pytest.mark.parametrize("shuffle,drop_last,batch", [
+    (False, False, 64), (True, False, 100), (True, True, 64), (False, True, 999), (True, False, 5000)])
+def test_every_batch_equals_numpys_gather_of_its_rows(device, dtype, shuffle, drop_last, batch):
+    rng = np.random.default_rng(abs(hash((dtype, shuffle, drop_last, batch))) % 2**32)
+    a = fresh(rng, (1001, 3, 7), dtype)  # rows of 21 values: pieces cut rows anywhere
+    ld = gpufeed.Loader(a, batch, shuffle=shuffle, seed=7, drop_last=drop_last, device=device,
+                        framework="gpufeed", prefetch=3)
+    for epoch in [0, 3]:
+        ld.set_epoch(epoch)
+        want = ref_batches(1001, batch, shuffle, 7, epoch, drop_last)
+        assert len(ld) == len(want)
+        got = 0
+        for k, b in enumerate(ld):
+            assert isinstance(b, gpufeed.DeviceArray)
+            same(host_copy(b), a[np.array(want[k], dtype=np.int64)])
+            got += 1
+        assert got == len(want)
+        # An epoch whose rows don't fill the last batch: kept, or dropped.
+        rows = sum(len(w) for w in want)
+        assert rows == (1001 // batch * batch if drop_last else 1001)
+
+
+def test_a_dict_source_gives_dict_batches_of_features_and_labels(device):
+    rng = np.random.default_rng(3)
+    x = fresh(rng, (777, 16), "float32")
+    y = fresh(rng, (777,), "int64")
+    ld = gpufeed.Loader({"x": x, "y": y}, 50, shuffle=True, seed=1, device=device, framework="numpy")
+    want = ref_batches(777, 50, True, 1, 0)
+    n = 0
+    for k, b in enumerate(ld):
+        assert set(b) == {"x", "y"}
+        idx = np.array(want[k])
+        same(b["x"], x[idx])
+        same(b["y"], y[idx])
+        n += 1
+    assert n == len(ld) == 16
+
+
+def test_a_list_of_npy_files_is_one_source_concatenated(device, tmp_path):
+    rng = np.random.default_rng(4)
+    parts = [fresh(rng, (r, 5), "float32") for r in (100, 1, 0, 333)]
+    paths = []
+    for i, p in enumerate(parts):
+        paths.append(str(tmp_path / f"p{i}.npy"))
+        np.save(paths[-1], p)
+    whole = np.concatenate(parts)
+    labels = fresh(rng, (434,), "int32")
+    ld = gpufeed.Loader({"x": paths, "y": labels}, 32, shuffle=True, seed=9, device=device,
+                        framework="gpufeed")
+    want = ref_batches(434, 32, True, 9, 0)
+    for k, b in enumerate(ld):
+        idx = np.array(want[k])
+        same(host_copy(b["x"]), whole[idx])
+        same(host_copy(b["y"]), labels[idx])
+    # One path alone is a source too.
+    ld = gpufeed.Loader(paths[0], 7, device=device, framework="numpy")
+    same(np.concatenate(list(ld)), parts[0])
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    names = {"float32": "F32", "int64": "I64", "uint8": "U8", "float16": "F16"}
+    for name, a in tensors.items():
+        b = a.tobytes()
+        header[name] = {"dtype": names[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    header["__metadata__"] = {"made": "test"}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def test_a_safetensors_file_gives_a_field_per_tensor(device, tmp_path):
+    rng = np.random.default_rng(5)
+    t = {"image": fresh(rng, (300, 4, 4), "uint8"), "label": fresh(rng, (300,), "int64"),
+         "w": fresh(rng, (300, 3), "float16")}
+    path = tmp_path / "d.safetensors"
+    write_safetensors(path, t)
+    ld = gpufeed.Loader(str(path), 64, shuffle=True, seed=2, drop_last=True, device=device,
+                        framework="gpufeed")
+    want = ref_batches(300, 64, True, 2, 0, drop_last=True)
+    assert len(ld) == 4
+    for k, b in enumerate(ld):
+        assert set(b) == set(t)
+        for name in t:
+            same(host_copy(b[name]), t[name][np.array(want[k])])
+
+
+def test_epochs_len_and_set_epoch(device):
+    a = np.arange(103, dtype=np.int64)
+    ld = gpufeed.Loader(a, 10, shuffle=True, seed=5, device=device, framework="numpy")
+    assert len(ld) == 11
+    first = np.concatenate(list(ld))
+    again = np.concatenate(list(ld))
+    assert np.array_equal(first, again)  # the epoch does not advance by itself
+    assert sorted(first.tolist()) == list(range(103))
+    ld.set_epoch(1)
+    assert ld.epoch == 1
+    second = np.concatenate(list(ld))
+    assert sorted(second.tolist()) == list(range(103)) and not np.array_equal(first, second)
+    assert second.tolist() == ref_permutation(103, 5, 1)
+    assert len(gpufeed.Loader(a, 10, drop_last=True, device=device)) == 10
+    assert len(gpufeed.Loader(a, 1000, drop_last=True, device=device)) == 0
+    assert list(gpufeed.Loader(a, 1000, drop_last=True, device=device, framework="numpy")) == []
+
+
+def test_a_state_dict_resumes_mid_epoch(device):
+    rng = np.random.default_rng(6)
+    a = fresh(rng, (500, 8), "float32")
+    mk = lambda: gpufeed.Loader(a, 32, shuffle=True, seed=11, device=device, framework="numpy")
+    full = mk()
+    full.set_epoch(4)
+    whole = list(full)
+    part = mk()
+    part.set_epoch(4)
+    it = iter(part)
+    for _ in range(5):
+        next(it)
+    state = part.state_dict()
+    assert state["epoch"] == 4 and state["batches"] == 5 and state["seed"] == 11
+    del part, it
+    resumed = mk()
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # survives a round trip to disk
+    assert resumed.state_dict()["batches"] == 5
+    rest = list(resumed)
+    assert len(rest) == len(whole) - 5
+    for got, want in zip(rest, whole[5:]):
+        same(got, want)
+    # The next iteration starts the epoch from its beginning again.
+    assert len(list(resumed)) == len(whole)
+    other = gpufeed.Loader(a, 32, shuffle=True, seed=12, device=device)
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError):
+        mk().load_state_dict({"epoch": 0})
+
+
+def test_the_order_is_the_same_in_another_process():
+    code = ("import gpufeed, numpy as np;"
+            "ld = gpufeed.Loader(np.zeros((5000, 2), np.float32), 8, shuffle=True, seed=77);"
+            "print(ld.indices(3))")
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, timeout=120).stdout for _ in range(2)]
+    assert outs[0] == outs[1] == str(ref_permutation(5000, 77, 3)) + "\n"
+
+
+def test_bad_input_is_a_typed_error(device, tmp_path):
+    a = np.zeros((100, 4), dtype=np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gpufeed.Loader(a[:, ::2], 10, device=device)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gpufeed.Loader(np.asfortranarray(a), 10, device=device)
+    with pytest.raises(ValueError, match="equal row counts"):
+        gpufeed.Loader({"x": a, "y": np.zeros(99, np.int64)}, 10, device=device)
+    with pytest.raises(ValueError, match="batch_size"):
+        gpufeed.Loader(a, 0, device=device)
+    with pytest.raises(ValueError, match="prefetch"):
+        gpufeed.Loader(a, 1, prefetch=0, device=device)
+    for bad in [np.zeros(10, np.complex64), np.zeros(10, bool), np.zeros(10, object)]:
+        with pytest.raises(TypeError):
+            gpufeed.Loader(bad, 2, device=device)
+    with pytest.raises(ValueError, match="0-dimensional"):
+        gpufeed.Loader(np.float32(1), 1, device=device)
+    with pytest.raises(FileNotFoundError):
+        gpufeed.Loader([str(tmp_path / "missing.npy")], 4, device=device)
+    with pytest.raises(FileNotFoundError):
+        gpufeed.Loader(str(tmp_path / "missing.safetensors"), 4, device=device)
+    with pytest.raises(TypeError):
+        gpufeed.Loader(object(), 4, device=device)
+    with pytest.raises(TypeError):
+        gpufeed.Loader([1, 2], 4, device=device)
+    with pytest.raises(ValueError, match="framework"):
+        gpufeed.Loader(a, 4, device=device, framework="jax")
+    with pytest.raises(ValueError, match="rank"):
+        gpufeed.Loader(a, 4, device=device, rank=2, world_size=2)
+    with pytest.raises(ValueError):
+        gpufeed.Loader(a, 4, device=device, rank=0)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", np.zeros((5, 3), np.float32))
+    with pytest.raises(ValueError, match="row shape"):
+        gpufeed.Loader([str(tmp_path / "a.npy"), str(tmp_path / "b.npy")], 4, device=device)
+    with open(tmp_path / "bad.safetensors", "wb") as f:
+        f.write(b"\xff" * 64)
+    with pytest.raises(ValueError, match="safetensors"):
+        gpufeed.Loader(str(tmp_path / "bad.safetensors"), 4, device=device)
+
+
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        need(os.environ.get("TEST_TORCH") == "0", "PyTorch is not installed (run-tests.sh installs it)")
+        pytest.skip("PyTorch left out (TEST_TORCH=0)")
+    return torch
+
+
+def test_torch_tensors_come_out_when_torch_is_there(device):
+    torch = torch_or_skip()
+    rng = np.random.default_rng(8)
+    x = fresh(rng, (200, 6), "float32")
+    y = fresh(rng, (200,), "int64")
+    ld = gpufeed.Loader({"x": x, "y": y}, 64, shuffle=True, seed=3, device=device)
+    assert ld.framework == "torch"
+    want = ref_batches(200, 64, True, 3, 0)
+    for k, b in enumerate(ld):
+        assert isinstance(b["x"], torch.Tensor) and b["x"].dtype == torch.float32
+        assert b["x"].device.type == ("cuda" if device.kind == "cuda" else "cpu")
+        same(b["x"].cpu().numpy(), x[np.array(want[k])])
+        same(b["y"].cpu().numpy(), y[np.array(want[k])])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 10, 1001])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shards_are_distributed_samplers_own_indices(device, n, world, monkeypatch):
+    torch = torch_or_skip()
+    from torch.utils.data import DistributedSampler
+    for shuffle in [False, True]:
+        for drop_last in [False, True]:
+            for epoch in [0, 2]:
+                # DistributedSampler draws its permutation with torch.randperm
+                # seeded seed + epoch; ours is fixed by (seed, epoch): give it
+                # ours, and every other step (padding, cutting, striding) is
+                # its own code.
+                perm = ref_permutation(n, 21, epoch)
+                monkeypatch.setattr(torch, "randperm", lambda m, generator=None: torch.tensor(perm, dtype=torch.int64))
+                for rank in range(world):
+                    s = DistributedSampler(range(n), num_replicas=world, rank=rank,
+                                           shuffle=shuffle, seed=21, drop_last=drop_last)
+                    s.set_epoch(epoch)
+                    ld = gpufeed.Loader(np.arange(max(n, 1), dtype=np.int64)[:n], 3, shuffle=shuffle,
+                                        seed=21, drop_last=drop_last, rank=rank, world_size=world,
+                                        device=device)
+                    assert ld.indices(epoch) == list(s), (n, world, rank, shuffle, drop_last)
+                    assert ld.shard == (rank, world)
+                monkeypatch.undo()
+
+
+RANKS_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import gpufeed
+
+    def run(rank, world, init, out):
+        os.environ["LOCAL_RANK"] = str(rank)  # as torchrun sets it: the rank's own device
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        n = 1003
+        data = np.arange(n, dtype=np.int64) * 3 + 1  # row i holds 3i+1
+        ld = gpufeed.Loader({"v": data, "i": np.arange(n, dtype=np.int64)}, 16, shuffle=True,
+                            seed=1234, framework="torch")
+        assert ld.shard == (rank, world), ld.shard
+        epochs = []
+        for epoch in range(3):
+            ld.set_epoch(epoch)
+            seen = []
+            for b in ld:
+                assert torch.equal(b["v"], b["i"] * 3 + 1)
+                seen += b["i"].tolist()
+            gathered = [None] * world
+            dist.all_gather_object(gathered, seen)
+            epochs.append(gathered)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(epochs, f)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        init, out = sys.argv[1], sys.argv[2]
+        mp.spawn(run, args=(2, init, out), nprocs=2, join=True)
+""")
+
+
+def test_two_ranks_under_gloo_get_disjoint_complete_shards_in_the_same_order_each_run(tmp_path):
+    torch_or_skip()
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_SCRIPT)
+    runs = []
+    for run in range(2):
+        out = tmp_path / f"out{run}.json"
+        init = f"file://{tmp_path}/rendezvous{run}"
+        env = dict(os.environ, HOST_BACKEND="cpu", HOST_CPU_DEVICES="2")
+        r = subprocess.run([sys.executable, str(script), init, str(out)], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs.append(json.loads(out.read_text()))
+    assert runs[0] == runs[1]  # the same order across restarts with the same seed
+    n = 1003
+    for epoch, (r0, r1) in enumerate(runs[0]):
+        assert len(r0) == len(r1) == 502
+        assert set(r0) | set(r1) == set(range(n))  # complete
+        # Disjoint, but for the one row repeated to pad 1003 rows to 2 × 502
+        # (DistributedSampler pads by wrapping around).
+        assert len(set(r0) & set(r1)) == 1
+        assert r0 + r1 != []
+        want = ref_indices(n, True, 1234, epoch, rank=0, world=2)
+        assert r0 == want
+    assert runs[0][0] != runs[0][1]  # epochs differ
+
+
+def test_a_batch_is_ready_on_a_delayed_consumer_stream(cuda_device, torch_cuda):
+    torch = torch_cuda
+    rng = np.random.default_rng(10)
+    a = fresh(rng, (4096, 1024), "float32")  # 4 KiB rows
+    ld = gpufeed.Loader(a, 2048, shuffle=True, seed=4, device=cuda_device)
+    want = ref_batches(4096, 2048, True, 4, 0)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for k, b in enumerate(ld):
+            torch.cuda._sleep(50_000_000)  # the consumer's stream runs behind
+            got = (b * 1).cpu().numpy()
+            same(got, a[np.array(want[k])])
+
+
+def test_the_training_example_runs_small(tmp_path):
+    torch_or_skip()
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train.py"), "--small"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HOST_BACKEND=os.environ.get("HOST_BACKEND", "cpu")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["gpufeed"]["steps"] > 0 and result["dataloader"]["steps"] > 0
