@@ -24,9 +24,13 @@ fn open(choice: BackendChoice, ordinal: usize) -> host::Result<host::Device> {
     if let Some(d) = map.get(&key) {
         return Ok(d.clone());
     }
+    // The CPU emulation offers HOST_CPU_DEVICES devices, as in Rust (a
+    // rank's LOCAL_RANK device on a machine without GPUs).
+    let emulated_devices = DeviceOptions::from_env().map_or(1, |o| o.emulated_devices);
     let d = host::Device::open(DeviceOptions {
         backend: choice,
         ordinal,
+        emulated_devices,
         ..Default::default()
     })?;
     map.insert(key, d.clone());
