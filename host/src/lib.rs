@@ -76,12 +76,12 @@ pub use error::{Error, JobError, Result};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
 pub use kernel_abi;
-#[cfg(feature = "hooks")]
-#[doc(hidden)]
-pub use memory::MappedFlag;
 pub use loader::{
     batches_per_epoch, epoch_indices, permutation, Batch, Loader, LoaderConfig, RowSource,
 };
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub use memory::MappedFlag;
 pub use memory::{
     DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
     Registered, MAX_HOST_ALIGN,

@@ -151,7 +151,7 @@ pub fn epoch_indices(n: usize, config: &LoaderConfig, epoch: u64) -> Vec<usize> 
     if world == 1 {
         return order;
     }
-    let per_rank = if config.drop_last && n % world != 0 {
+    let per_rank = if config.drop_last && !n.is_multiple_of(world) {
         n.saturating_sub(world).div_ceil(world)
     } else {
         n.div_ceil(world)
@@ -187,7 +187,7 @@ fn epoch_indices_len(n: usize, config: &LoaderConfig) -> usize {
     let world = config.world_size.max(1);
     if world == 1 {
         n
-    } else if config.drop_last && n % world != 0 {
+    } else if config.drop_last && !n.is_multiple_of(world) {
         n.saturating_sub(world).div_ceil(world)
     } else {
         n.div_ceil(world)
@@ -227,7 +227,7 @@ impl<'a> RowSource<'a> {
         }
         let mut segments = Vec::with_capacity(parts.len());
         for p in parts {
-            if p.len() % row_len != 0 {
+            if !p.len().is_multiple_of(row_len) {
                 return Err(Error::InvalidArgument(format!(
                     "a row source of {} values is not a whole number of rows of {row_len}",
                     p.len()
@@ -248,7 +248,10 @@ impl<'a> RowSource<'a> {
     /// # Errors
     /// `InvalidArgument` for `row_bytes` 0, `SizeOverflow` for a segment
     /// beyond the address space.
-    pub unsafe fn from_raw_parts(segments: &[(*const u8, usize)], row_bytes: usize) -> Result<Self> {
+    pub unsafe fn from_raw_parts(
+        segments: &[(*const u8, usize)],
+        row_bytes: usize,
+    ) -> Result<Self> {
         if row_bytes == 0 {
             return Err(Error::InvalidArgument(
                 "a row source's row size must be at least 1 byte".into(),
@@ -420,7 +423,7 @@ impl<'a, T: Pod> Loader<'a, T> {
                     f.rows()
                 ));
             }
-            if elem == 0 || f.row_bytes() % elem != 0 {
+            if elem == 0 || !f.row_bytes().is_multiple_of(elem) {
                 return bad(format!(
                     "field {i}'s rows of {} bytes are not a whole number of {elem}-byte values",
                     f.row_bytes()
@@ -542,7 +545,9 @@ impl<'a, T: Pod> Loader<'a, T> {
     /// [`Error::WorkerPanicked`]. The epoch then ends (its stream yields
     /// the error once, then nothing).
     pub fn fill_ahead(&mut self) -> Result<()> {
-        while !self.failed && self.queue.len() < self.config.prefetch && self.next_issue < self.batches
+        while !self.failed
+            && self.queue.len() < self.config.prefetch
+            && self.next_issue < self.batches
         {
             if let Err(e) = self.issue_next() {
                 self.failed = true;
@@ -567,7 +572,10 @@ impl<'a, T: Pod> Loader<'a, T> {
         let mut fields = Vec::with_capacity(self.fields.len());
         let elem = std::mem::size_of::<T>();
         for f in &self.fields {
-            fields.push(DeviceBuffer::<T>::new(&self.device, n * f.row_bytes() / elem)?);
+            fields.push(DeviceBuffer::<T>::new(
+                &self.device,
+                n * f.row_bytes() / elem,
+            )?);
         }
         let mut off = 0;
         for (f, buf) in self.fields.iter().zip(&fields) {

@@ -195,7 +195,12 @@ impl CopyWorkers {
     ///
     /// # Errors
     /// As [`CopyWorkers::copy`].
-    pub(crate) unsafe fn gather(&self, rows: &[usize], row_bytes: usize, dst: &mut [u8]) -> Result<()> {
+    pub(crate) unsafe fn gather(
+        &self,
+        rows: &[usize],
+        row_bytes: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
         assert_eq!(
             Some(dst.len()),
             rows.len().checked_mul(row_bytes),

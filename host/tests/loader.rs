@@ -7,8 +7,7 @@
 
 use futures::StreamExt;
 use host::{
-    batches_per_epoch, block_on, epoch_indices, permutation, Error, Loader, LoaderConfig,
-    RowSource,
+    batches_per_epoch, block_on, epoch_indices, permutation, Error, Loader, LoaderConfig, RowSource,
 };
 
 const POISON: u32 = 0xDEAD_BEEF;
@@ -45,7 +44,7 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
     let a = data(rows, a_len, 1);
     let b = data(rows, b_len, 2);
     let (b0, rest) = b.split_at(300 * b_len);
-    let (b1, b2) = rest.split_at(1 * b_len);
+    let (b1, b2) = rest.split_at(b_len);
     for (shuffle, drop_last, batch, prefetch, threads) in [
         (false, false, 64, 2, 3),
         (true, false, 100, 1, 0),
@@ -80,7 +79,11 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
             }
             assert_eq!(count, loader.len());
             assert_eq!(count, batches_per_epoch(rows, &config));
-            let expect_rows = if drop_last { rows / batch * batch } else { rows };
+            let expect_rows = if drop_last {
+                rows / batch * batch
+            } else {
+                rows
+            };
             assert_eq!(seen, expect_rows);
             // The stream stays ended until the next epoch.
             assert!(block_on(loader.next()).is_none());
@@ -169,7 +172,7 @@ fn shards_are_disjoint_complete_and_padded_like_distributed_sampler() {
                 assert!(shards.iter().all(|s| s.len() == len), "equal lengths");
                 // DistributedSampler, written out: pad by wrapping or cut,
                 // then rank r takes [r::world].
-                let per = if drop_last && n % world != 0 {
+                let per = if drop_last && !n.is_multiple_of(world) {
                     n.saturating_sub(world).div_ceil(world)
                 } else {
                     n.div_ceil(world)
@@ -220,12 +223,19 @@ fn bad_arguments_are_typed_errors(device: host::Device) {
     c.rank = 2;
     invalid(Loader::new(&device, vec![rows(&a)], c));
     invalid(Loader::new(&device, vec![], LoaderConfig::new(4)));
-    invalid(Loader::new(&device, vec![rows(&a), rows(&b)], LoaderConfig::new(4)));
+    invalid(Loader::new(
+        &device,
+        vec![rows(&a), rows(&b)],
+        LoaderConfig::new(4),
+    ));
     assert!(matches!(
         RowSource::new(&a[..95], 10),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(matches!(RowSource::new(&a, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        RowSource::new(&a, 0),
+        Err(Error::InvalidArgument(_))
+    ));
     // Rows of 6 bytes can't be u32 batches.
     let bytes = vec![0u8; 60];
     let r = RowSource::new(&bytes, 6).unwrap();

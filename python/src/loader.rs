@@ -90,7 +90,9 @@ fn array_field(
         }
     }
     let view = ContiguousView::get(obj, false).map_err(|e| {
-        if obj.hasattr("__array_interface__").unwrap_or(false) || obj.hasattr("shape").unwrap_or(false) {
+        if obj.hasattr("__array_interface__").unwrap_or(false)
+            || obj.hasattr("shape").unwrap_or(false)
+        {
             PyValueError::new_err(format!("Loader: {what} has no C-contiguous buffer: {e}"))
         } else {
             PyTypeError::new_err(format!(
@@ -232,7 +234,10 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
         if name == "__metadata__" {
             continue;
         }
-        let get = |k: &str| meta.get_item(k).map_err(|_| bad(format!("tensor {name:?} has no {k:?}")));
+        let get = |k: &str| {
+            meta.get_item(k)
+                .map_err(|_| bad(format!("tensor {name:?} has no {k:?}")))
+        };
         let dtype_name: String = get("dtype")?.extract()?;
         let dtype = safetensors_dtype(&dtype_name).ok_or_else(|| {
             PyTypeError::new_err(format!(
@@ -242,7 +247,9 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
         let shape: Vec<usize> = get("shape")?.extract()?;
         let offsets: Vec<u64> = get("data_offsets")?.extract()?;
         let [begin, end] = offsets[..] else {
-            return Err(bad(format!("tensor {name:?}: data_offsets is not [begin, end]")));
+            return Err(bad(format!(
+                "tensor {name:?}: data_offsets is not [begin, end]"
+            )));
         };
         let nbytes = shape
             .iter()
@@ -261,7 +268,9 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
         };
         let row_bytes = row_shape.iter().product::<usize>() * dtype.size();
         if row_bytes == 0 && rows > 0 {
-            return Err(PyValueError::new_err(format!("Loader: {what}'s rows hold no bytes")));
+            return Err(PyValueError::new_err(format!(
+                "Loader: {what}'s rows hold no bytes"
+            )));
         }
         let ptr = if nbytes == 0 {
             std::ptr::NonNull::<u64>::dangling().as_ptr() as *const u8
@@ -287,7 +296,9 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
         });
     }
     if fields.is_empty() {
-        return Err(PyValueError::new_err(format!("Loader: {path} holds no tensor")));
+        return Err(PyValueError::new_err(format!(
+            "Loader: {path} holds no tensor"
+        )));
     }
     Ok(fields)
 }
@@ -353,7 +364,9 @@ fn distributed(
     let env = |k: &str| -> PyResult<Option<usize>> {
         match std::env::var(k) {
             Ok(v) => v.trim().parse().map(Some).map_err(|_| {
-                PyValueError::new_err(format!("Loader: environment variable {k}={v:?} is not a count"))
+                PyValueError::new_err(format!(
+                    "Loader: environment variable {k}={v:?} is not a count"
+                ))
             }),
             Err(_) => Ok(None),
         }
@@ -452,8 +465,7 @@ impl Loader {
                     .call_method1("current_stream", (ordinal,))?,
             )),
             Framework::Cupy => Ok(Some(
-                py.import("cupy.cuda")?
-                    .call_method0("get_current_stream")?,
+                py.import("cupy.cuda")?.call_method0("get_current_stream")?,
             )),
             _ => Ok(None),
         }
@@ -657,7 +669,11 @@ impl Loader {
                 }
             },
             None => {
-                let ordinal = if world_size > 1 { local_rank.unwrap_or(0) } else { 0 };
+                let ordinal = if world_size > 1 {
+                    local_rank.unwrap_or(0)
+                } else {
+                    0
+                };
                 py.get_type::<Device>()
                     .call1((py.None(), ordinal))?
                     .cast::<Device>()?
@@ -703,9 +719,9 @@ impl Loader {
             }
             let mut fields = Vec::new();
             for (k, v) in d.iter() {
-                let k: String = k
-                    .extract()
-                    .map_err(|_| PyTypeError::new_err("Loader: a dict source's keys are strings"))?;
+                let k: String = k.extract().map_err(|_| {
+                    PyTypeError::new_err("Loader: a dict source's keys are strings")
+                })?;
                 fields.extend(value_fields(py, &v, Some(k), &mut keep)?);
             }
             (fields, true)
@@ -733,7 +749,8 @@ impl Loader {
             // memory from being freed or resized, and gathers of memory
             // the caller can reach run with the GIL held (see the
             // module's notes).
-            let s = unsafe { host::RowSource::from_raw_parts(&f.segments, f.row_bytes.max(1)) }.py()?;
+            let s =
+                unsafe { host::RowSource::from_raw_parts(&f.segments, f.row_bytes.max(1)) }.py()?;
             sources.push(s);
         }
         let mut config = host::LoaderConfig::new(batch_size as usize);
@@ -856,7 +873,9 @@ impl Loader {
             get(k)?
                 .ok_or_else(|| PyValueError::new_err(format!("Loader.load_state_dict: no {k:?}")))?
                 .extract()
-                .map_err(|_| PyValueError::new_err(format!("Loader.load_state_dict: {k:?} is not a count")))
+                .map_err(|_| {
+                    PyValueError::new_err(format!("Loader.load_state_dict: {k:?} is not a count"))
+                })
         };
         let epoch = need("epoch")?;
         let batches = need("batches")? as usize;
