@@ -23,6 +23,9 @@
 #                                   (REQUIRE_GPU=1), memcheck on the staging and soundness suites,
 #                                   the wheel's pytest, then the staging round's measurements
 #                                   (fewer sizes, no shape sweep) and the files peer
+#   bash bench/gpu-round.sh loader  the loader round (also part of final): the loader tests
+#                                   (REQUIRE_GPU=1) and memcheck on them, the wheel's
+#                                   test_loader.py, bench/peers/loader.py, examples/train.py
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -106,7 +109,22 @@ if [ "$mode" = staging ] || [ "$mode" = final ]; then
   cat "$S/python-files.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ]; then
+if [ "$mode" = loader ] || [ "$mode" = final ]; then
+  L="$R/loader"; mkdir -p "$L"
+  note "loader: tests, memcheck, the wheel's loader tests, the benchmark, the training demonstration"
+  exe=$(ls .gpu/tests/loader-* 2>/dev/null | head -1)
+  REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$L/loader_tests.log" 2>&1 || { fail=1; note "LOADER TESTS FAILED"; }
+  grep "^test result" "$L/loader_tests.log" | tee -a "$R/logs/summary.log"
+  san memcheck loader --leak-check full
+  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_loader.py > "$L/python-loader-tests.log" 2>&1 || { fail=1; note "PYTHON LOADER TESTS FAILED"; }
+  tail -2 "$L/python-loader-tests.log" | tee -a "$R/logs/summary.log"
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 200 python3 bench/peers/loader.py --out "$L/python-loader.json" > "$L/python-loader.log" 2>&1 || { fail=1; note "LOADER BENCHMARK FAILED"; }
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["checks"]))' "$L/python-loader.json" 2>&1 | tee -a "$R/logs/summary.log"
+  PYTHONPATH="$site" timeout 200 python3 python/examples/train.py > "$L/train.log" 2>&1 || { fail=1; note "TRAINING DEMONSTRATION FAILED"; }
+  tail -1 "$L/train.log" | tee -a "$R/logs/summary.log"
+fi
+
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != loader ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

@@ -931,9 +931,20 @@ impl Drop for Loader {
     fn drop(&mut self) {
         // Batches whose consumers' events are pending: wait for them, so
         // their memory is not reused under a queued kernel.
+        // Batches released since the last `next`: their consumers' work
+        // is whatever the current stream holds now.
         Python::attach(|py| {
             for (_, ev) in &self.retiring {
                 let _ = ev.bind(py).call_method0("synchronize");
+            }
+            let released = self
+                .handed
+                .iter()
+                .any(|a| a.get().exports.load(Ordering::SeqCst) == 0);
+            if released {
+                if let Ok(Some(s)) = self.consumer_stream(py) {
+                    let _ = s.call_method0("synchronize");
+                }
             }
         });
     }
