@@ -38,6 +38,7 @@
 
 mod backend;
 mod block;
+mod claim;
 mod completion;
 mod cpu;
 mod cuda;
