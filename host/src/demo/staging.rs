@@ -575,7 +575,13 @@ fn sweep(
     threads.push(StagingConfig::for_device(device).threads);
     threads.sort_unstable();
     threads.dedup();
-    let shapes = [(8 << 20, 4), (16 << 20, 3), (16 << 20, 4), (32 << 20, 2)];
+    let shapes = [
+        (4 << 20, 8),
+        (8 << 20, 4),
+        (8 << 20, 8),
+        (16 << 20, 4),
+        (32 << 20, 2),
+    ];
     let n = config.sweep_bytes / 4;
     let case = Case {
         stream,
