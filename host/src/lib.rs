@@ -56,6 +56,7 @@ mod pipeline;
 mod pool;
 pub mod ptx;
 mod ptx_entries;
+mod sliced;
 mod staging;
 mod stream;
 #[cfg(feature = "hooks")]
