@@ -97,9 +97,9 @@ impl Pending {
     }
 
     /// Waits up to `timeout` (the caller has released the GIL): the
-    /// outcome split into the result and the slots handed back, or the
-    /// operation itself when it isn't done yet.
-    pub fn block_for(mut self, timeout: Duration) -> Result<Outcome, Pending> {
+    /// outcome split into the result and the slots handed back, or `None`
+    /// when it isn't done yet (then it can be waited for again).
+    pub fn block_for(&mut self, timeout: Duration) -> Option<Outcome> {
         fn split<B, R>(
             r: Result<(B, R), JobError<B>>,
             slots: impl Fn(B) -> Vec<Slot>,
@@ -111,24 +111,12 @@ impl Pending {
             }
         }
         use host::block_on_for;
-        let out = match &mut self {
+        match self {
             Pending::Batch(j) => block_on_for(j, timeout).map(|r| split(r, |b| b, |_| None)),
             Pending::Run(j) => block_on_for(j, timeout)
                 .map(|r| split(r, |(i, o)| vec![Slot::Host(i.mem), Slot::Host(o.mem)], info)),
             Pending::RunDev(j) => block_on_for(j, timeout)
                 .map(|r| split(r, |((i,), o)| vec![Slot::Host(i.mem), Slot::Dev(o.0)], info)),
-        };
-        out.ok_or(self)
-    }
-
-    /// Waits for the end (the caller has released the GIL).
-    pub fn block(self) -> Outcome {
-        let mut p = self;
-        loop {
-            match p.block_for(Duration::from_secs(3600)) {
-                Ok(out) => return out,
-                Err(again) => p = again,
-            }
         }
     }
 }
@@ -136,6 +124,10 @@ impl Pending {
 /// A finished operation: its result, and the slots handed back (`None`
 /// when its end could not be observed).
 pub type Outcome = (Result<Info, Error>, Option<Vec<Slot>>);
+
+/// A wait a signal handler's exception stopped: the operation, still in
+/// flight, and the exception.
+type Interrupted = Box<(Box<Pending>, PyErr)>;
 
 /// How long a blocking wait runs between looks at Python's signal
 /// handlers: Ctrl-C interrupts a wait within about this.
@@ -195,17 +187,15 @@ impl Operation {
     fn finish(
         &self,
         py: Python<'_>,
-        pending: Pending,
-    ) -> Result<Result<Info, Error>, (Pending, PyErr)> {
-        let mut pending = pending;
+        mut pending: Box<Pending>,
+    ) -> Result<Result<Info, Error>, Interrupted> {
         let (result, slots) = loop {
             match py.detach(|| pending.block_for(SIGNAL_CHECK)) {
-                Ok(outcome) => break outcome,
-                Err(p) => {
+                Some(outcome) => break outcome,
+                None => {
                     if let Err(e) = py.check_signals() {
-                        return Err((p, e));
+                        return Err(Box::new((pending, e)));
                     }
-                    pending = p;
                 }
             }
         };
@@ -253,7 +243,7 @@ impl Operation {
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {
-            OpState::Pending(p) => match self.finish(py, *p) {
+            OpState::Pending(p) => match self.finish(py, p) {
                 Ok(r) => {
                     *self.lock() = OpState::Done(r.clone());
                     self.finished.notify_all();
@@ -261,8 +251,9 @@ impl Operation {
                 }
                 // Interrupted (Ctrl-C): still pending, safe to wait for
                 // again or to drop; another waiter takes over.
-                Err((p, e)) => {
-                    *self.lock() = OpState::Pending(Box::new(p));
+                Err(interrupted) => {
+                    let (p, e) = *interrupted;
+                    *self.lock() = OpState::Pending(p);
                     self.finished.notify_all();
                     return Err(e);
                 }
@@ -348,8 +339,8 @@ impl Drop for Operation {
                     // Nothing to wait for: hand the buffers back (a
                     // signal handler's exception can't be raised here: the
                     // operation then goes as an unfinished one does).
-                    if let Err((p, _)) = self.finish(py, *p) {
-                        drop(p);
+                    if let Err(interrupted) = self.finish(py, p) {
+                        drop(interrupted);
                         for o in &self.owners {
                             o.restore(py, None, "released with its Operation");
                         }
