@@ -26,6 +26,8 @@
 #   bash bench/gpu-round.sh loader  the loader round (also part of final): the loader tests
 #                                   (REQUIRE_GPU=1) and memcheck on them, the wheel's
 #                                   test_loader.py, bench/peers/loader.py, examples/train.py
+#   bash bench/gpu-round.sh measure the staging round's measurements alone (no tests, no sanitizer):
+#                                   `host staging` and the Python peers (files with FILES=1)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -89,8 +91,9 @@ if [ "$mode" = final ]; then
   PEER_ARGS=${PEER_ARGS:---slow-reps 3}
 fi
 
-if [ "$mode" = staging ] || [ "$mode" = final ]; then
+if [ "$mode" = staging ] || [ "$mode" = final ] || [ "$mode" = measure ]; then
   S="$R/staging"; mkdir -p "$S"
+  if [ "$mode" != measure ]; then
   note "staging: tests, memcheck, host staging, the Python peer"
   exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
   REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$S/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
@@ -98,15 +101,18 @@ if [ "$mode" = staging ] || [ "$mode" = final ]; then
   san memcheck staging --leak-check full
   PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
   tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
+  fi
   timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
   grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
   # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
   # at once after their work instead of spinning on the cores the copies use.
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+  if [ "$mode" != measure ] || [ "${FILES:-0}" = 1 ]; then
   note "files: gpufeed.load / load_safetensors against np.load + .cuda() and safetensors, warm and cold"
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 300 python3 bench/peers/files.py --out "$S/python-files.json" > "$S/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
   cat "$S/python-files.log" | tee -a "$R/logs/summary.log"
+  fi
 fi
 
 if [ "$mode" = loader ] || [ "$mode" = final ]; then
@@ -124,7 +130,7 @@ if [ "$mode" = loader ] || [ "$mode" = final ]; then
   tail -1 "$L/train.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != loader ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != loader ] && [ "$mode" != measure ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

@@ -40,6 +40,7 @@
 
 mod backend;
 mod block;
+mod claim;
 mod completion;
 mod cpu;
 mod cuda;
@@ -58,6 +59,7 @@ mod pipeline;
 mod pool;
 pub mod ptx;
 mod ptx_entries;
+mod sliced;
 mod staging;
 mod stream;
 #[cfg(feature = "hooks")]
@@ -67,6 +69,8 @@ mod transfer;
 mod workers;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
+#[cfg(not(loom))]
+pub use block::block_on_for;
 pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
