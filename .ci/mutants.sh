@@ -43,6 +43,10 @@ checks() {
   sliced-skip-last-window)
     echo "cargo test -q -p host --test staging -- --exact a_pipeline_over_ordinary_slices_computes_every_element::cpu"
     ;;
+  loader-gather-wrong-row)
+    echo "cargo test -q -p host --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
+    echo "cargo test -q -p host --test loader -- --exact a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe::cpu"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"

@@ -305,3 +305,26 @@
 //! run.await?;
 //! # Ok(()) }
 //! ```
+//!
+//! A [`Loader`](crate::Loader) borrows its source for its whole life: the
+//! rows can't be written while it may still gather them (a batch would mix
+//! old and new rows).
+//! ```compile_fail,E0502
+//! # fn f(device: &host::Device) -> host::Result<()> {
+//! let mut data = vec![1.0f32; 1024];
+//! let rows = host::RowSource::new(&data, 16)?;
+//! let loader = host::Loader::<f32>::new(device, vec![rows], host::LoaderConfig::new(4))?;
+//! data[0] = 2.0;
+//! drop(loader);
+//! # Ok(()) }
+//! ```
+//! Nor can it outlive them:
+//! ```compile_fail,E0597
+//! # fn f(device: &host::Device) -> host::Result<()> {
+//! let loader = {
+//!     let data = vec![1.0f32; 1024];
+//!     let rows = host::RowSource::new(&data, 16)?;
+//!     host::Loader::<f32>::new(device, vec![rows], host::LoaderConfig::new(4))?
+//! };
+//! # drop(loader); Ok(()) }
+//! ```

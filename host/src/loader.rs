@@ -328,6 +328,15 @@ struct InFlightBatch<T: Pod> {
 /// host memory to device buffers, `prefetch` batches ahead, as a
 /// [`futures::Stream`] over one epoch at a time. See the module's notes.
 ///
+/// # Cancel safety
+/// Rows are read only inside a call (`poll_next`, [`Loader::fill_ahead`]),
+/// which returns once they are in the loader's pinned blocks: dropping a
+/// `next()` future, the loader, or starting another epoch leaves no thread
+/// reading the source, and never blocks. DMAs still running read only the
+/// loader's blocks (reused or released once they are done) and write only
+/// the fresh device buffers of batches not yet handed out (freed once they
+/// are done). A batch handed out is the caller's, untouched by the loader.
+///
 /// ```no_run
 /// # async fn demo() -> host::Result<()> {
 /// use futures::StreamExt;

@@ -123,6 +123,12 @@ fn a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe(device: host::Devic
         rest.push(read(&mut b.unwrap().fields[0]));
     }
     assert_eq!(rest, full[4..]);
+    // And every batch holds its rows (a plain gather of the expected ones).
+    let order = epoch_indices(rows, &config, 5);
+    for (k, got) in full.iter().enumerate() {
+        let want = &order[k * 32..((k + 1) * 32).min(rows)];
+        assert_eq!(got, &gather(&a, row_len, want), "batch {k}");
+    }
     // A batch kept past the end of its epoch and of its loader is intact.
     let mut again = mk().unwrap();
     again.start_epoch(5, 0);
