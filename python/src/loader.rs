@@ -5,11 +5,16 @@
 //! (the `host` crate's [`host::Loader`]); they come out as torch tensors,
 //! CuPy arrays or `DeviceArray`s without a copy.
 //!
-//! The GIL: a source the caller can reach (an array they passed) is
-//! gathered with the GIL held, as `to_device` reads arrays (NumPy lets
-//! another thread replace an array's memory under a live export); a
-//! source only the loader holds (its own memory maps of files) is gathered
-//! with the GIL released. Waiting for a batch's DMA always releases it.
+//! Threads: a producer thread of the loader's own runs the epoch (the
+//! gathers, on it and the staging workers, and the waits for the DMAs),
+//! without the GIL, while Python runs; `next()` takes the batches it has
+//! finished (waiting with the GIL released, in slices that let Ctrl-C
+//! through). So the gather of the next batch overlaps both the last one's
+//! DMA and the training step's Python. The source's memory is kept alive
+//! by buffer exports for the loader's life; replacing it under them (NumPy
+//! allows `ndarray.__setstate__` and `resize(refcheck=False)` on an array
+//! with exports) while a loader reads it is not allowed (see the README's
+//! "Not guaranteed").
 //!
 //! Device memory: every batch is a fresh allocation. A batch handed to
 //! torch or CuPy is kept by the loader until the consumer's tensor is gone
@@ -53,8 +58,6 @@ struct Field {
 /// What keeps a source's memory alive and unmoved: its buffer exports.
 struct Keep {
     views: Vec<ContiguousView>,
-    /// Whether the caller can reach the memory (then gathers hold the GIL).
-    reachable: bool,
 }
 
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
@@ -350,7 +353,6 @@ fn value_fields(
         }
         return Ok(vec![npy_list_field(py, obj, name, keep)?]);
     }
-    keep.reachable = true;
     Ok(vec![array_field(obj, name, &what, keep)?])
 }
 
@@ -424,28 +426,141 @@ fn importable(py: Python<'_>, name: &str) -> bool {
 ///   `"numpy"` (host arrays, a copy); `"auto"`: torch if importable, else
 ///   CuPy (on a GPU), else `DeviceArray`s. On the CPU emulation torch
 ///   tensors are CPU tensors (device memory there is host memory).
-/// - Each batch is ready on the consumer's current stream when handed out
-///   (that stream is made to wait for the batch's copy).
+/// - Each batch is handed out once its copy is complete: ready on the
+///   consumer's current stream (and any other) with nothing to wait for.
+///   A thread of the loader's own runs the epoch without the GIL.
 /// - `state_dict()` / `load_state_dict(d)`: resume mid-epoch.
 #[pyclass(module = "gpufeed", unsendable)]
 pub struct Loader {
-    inner: host::Loader<'static, u8>,
+    /// The producer thread running the epochs (None once stopped).
+    producer: Option<Producer>,
     fields: Vec<Field>,
     as_dict: bool,
     framework: Framework,
     device: host::Device,
+    rows: usize,
+    batches_per_epoch: usize,
     /// The next `__iter__` starts here (a loaded state), then 0.
     resume_at: usize,
     epoch: u64,
     config: host::LoaderConfig,
+    /// The epoch running: its generation (batches of older ones are
+    /// dropped), its first batch, batches handed out, whether it ended.
+    generation: u64,
+    running: bool,
+    skip: usize,
+    handed_out: usize,
+    finished: bool,
+    /// The process that made the loader: a fork() child has no producer.
+    pid: u32,
     /// Batches handed to torch or CuPy, kept until their export is released.
     handed: Vec<Py<DeviceArray>>,
     /// Released batches, each with an event on the consumer's stream: freed
     /// once it completes.
     retiring: Vec<(Py<DeviceArray>, Py<PyAny>)>,
     /// Last: the exports keeping the source's memory alive (released after
-    /// `inner` is dropped).
-    keep: Keep,
+    /// the producer has stopped, in `Drop`).
+    _keep: Keep,
+}
+
+/// What the producer is told.
+enum Command {
+    /// Run `epoch` from batch `skip`, tagging its batches `generation`.
+    Start {
+        epoch: u64,
+        skip: usize,
+        generation: u64,
+    },
+}
+
+/// What the producer hands over, tagged with its epoch's generation.
+enum Message {
+    Batch(host::Batch<u8>),
+    End,
+    Failed(host::Error),
+}
+
+/// The producer thread and its two channels.
+struct Producer {
+    commands: std::sync::mpsc::Sender<Command>,
+    batches: std::sync::mpsc::Receiver<(u64, Message)>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Producer {
+    /// Starts the thread that owns `loader`: it runs each epoch it is
+    /// told to, handing over every batch once its data is on the device
+    /// (at most one finished batch waits in the channel besides the one
+    /// being handed over; `prefetch` more are in flight in the loader).
+    fn start(mut loader: host::Loader<'static, u8>) -> PyResult<Producer> {
+        use std::sync::mpsc::{channel, sync_channel, TryRecvError};
+        let (commands, command_rx) = channel::<Command>();
+        let (batch_tx, batches) = sync_channel::<(u64, Message)>(1);
+        let thread = std::thread::Builder::new()
+            .name("gpufeed-loader".into())
+            .spawn(move || {
+                let mut active: Option<u64> = None;
+                loop {
+                    let command = if active.is_some() {
+                        match command_rx.try_recv() {
+                            Ok(c) => Some(c),
+                            Err(TryRecvError::Empty) => None,
+                            Err(TryRecvError::Disconnected) => return,
+                        }
+                    } else {
+                        match command_rx.recv() {
+                            Ok(c) => Some(c),
+                            Err(_) => return,
+                        }
+                    };
+                    if let Some(Command::Start {
+                        epoch,
+                        skip,
+                        generation,
+                    }) = command
+                    {
+                        loader.start_epoch(epoch, skip);
+                        active = Some(generation);
+                    }
+                    let Some(generation) = active else { continue };
+                    let message = match host::block_on(futures::StreamExt::next(&mut loader)) {
+                        Some(Ok(b)) => Message::Batch(b),
+                        Some(Err(e)) => {
+                            active = None;
+                            Message::Failed(e)
+                        }
+                        None => {
+                            active = None;
+                            Message::End
+                        }
+                    };
+                    if batch_tx.send((generation, message)).is_err() {
+                        return; // the Python object is gone
+                    }
+                }
+            })
+            .map_err(|e| {
+                crate::InternalError::new_err(format!("cannot start the loader's thread: {e}"))
+            })?;
+        Ok(Producer {
+            commands,
+            batches,
+            thread,
+        })
+    }
+
+    /// Stops the thread (dropping its channels makes it return after the
+    /// step it is in) and joins it.
+    fn stop(self) {
+        let Producer {
+            commands,
+            batches,
+            thread,
+        } = self;
+        drop(commands);
+        drop(batches);
+        let _ = thread.join();
+    }
 }
 
 impl Loader {
@@ -576,32 +691,86 @@ impl Loader {
         }
     }
 
+    /// Tells the producer to run the current epoch from `skip`.
+    fn start(&mut self, skip: usize) -> PyResult<()> {
+        self.generation += 1;
+        self.skip = skip;
+        self.handed_out = 0;
+        self.finished = false;
+        self.running = true;
+        let command = Command::Start {
+            epoch: self.epoch,
+            skip,
+            generation: self.generation,
+        };
+        match &self.producer {
+            Some(p) if p.commands.send(command).is_ok() => Ok(()),
+            _ => Err(crate::InternalError::new_err(
+                "the loader's thread has stopped",
+            )),
+        }
+    }
+
+    /// The producer's next message of the current epoch (older epochs'
+    /// batches dropped), waiting with the GIL released in slices of 50 ms
+    /// (Python's signal handlers run between: Ctrl-C interrupts).
+    fn receive(&mut self, py: Python<'_>) -> PyResult<Message> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let current = self.generation;
+        let Some(p) = &mut self.producer else {
+            return Err(crate::InternalError::new_err(
+                "the loader's thread has stopped",
+            ));
+        };
+        let rx = &mut p.batches;
+        loop {
+            let r = &mut *rx; // `&mut Receiver` is Send (Receiver is not Sync)
+            let got = py.detach(move || r.recv_timeout(std::time::Duration::from_millis(50)));
+            match got {
+                Ok((generation, message)) if generation == current => return Ok(message),
+                Ok(_) => continue, // a batch of an epoch left behind: freed here
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(crate::InternalError::new_err(
+                        "the loader's thread has stopped",
+                    ))
+                }
+            }
+        }
+    }
+
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if std::process::id() != self.pid {
+            return Err(crate::InvalidArgumentError::new_err(
+                "a Loader can't be used in a fork() child of the process that made it (its thread \
+                 did not survive the fork): make one in the child",
+            ));
+        }
+        if !self.running {
+            // next() without iter(): the current epoch, as iter() would.
+            let skip = std::mem::take(&mut self.resume_at);
+            self.start(skip)?;
+        }
+        if self.finished {
+            return Ok(None);
+        }
         let stream = self.consumer_stream(py)?;
         self.reap(py, stream.as_ref())?;
-        // The gathers: with the GIL held when the caller can reach the
-        // source (see the module's notes).
-        let inner = &mut self.inner;
-        if self.keep.reachable {
-            inner.fill_ahead().py()?;
-        } else {
-            py.detach(|| inner.fill_ahead()).py()?;
-        }
-        let inner = &mut self.inner;
-        let next = py.detach(|| host::block_on(futures::StreamExt::next(inner)));
-        let batch = match next {
-            None => return Ok(None),
-            Some(b) => b.py()?,
+        let batch = match self.receive(py)? {
+            Message::Batch(b) => b,
+            Message::End => {
+                self.finished = true;
+                return Ok(None);
+            }
+            Message::Failed(e) => {
+                self.finished = true;
+                return Err(crate::to_py(e));
+            }
         };
-        if let Some(s) = &stream {
-            // The consumer's stream waits for the batch's copies (already
-            // done on the host's side; this keeps the order on the GPU's).
-            let handle = crate::ops::foreign_stream_handle(s)?;
-            // SAFETY: the current stream of torch or CuPy on this device:
-            // a live stream of the primary context, or a default-stream
-            // handle.
-            unsafe { host::interop::foreign_stream_wait(self.inner.stream(), handle) }.py()?;
-        }
+        self.handed_out += 1;
+        // The batch's DMAs are complete (the producer hands batches over
+        // only then): it is ready on every stream, the consumer's current
+        // one included, with no wait to enqueue.
         let rows = batch.rows;
         let mut out = Vec::with_capacity(batch.fields.len());
         for (i, buf) in batch.fields.into_iter().enumerate() {
@@ -709,10 +878,7 @@ impl Loader {
                 "Loader: framework=\"cupy\" needs a GPU (this device is the CPU emulation)",
             ));
         }
-        let mut keep = Keep {
-            views: Vec::new(),
-            reachable: false,
-        };
+        let mut keep = Keep { views: Vec::new() };
         let (fields, as_dict) = if let Ok(d) = source.cast::<PyDict>() {
             if d.is_empty() {
                 return Err(PyValueError::new_err("Loader: an empty dict source"));
@@ -744,11 +910,14 @@ impl Loader {
         }
         let mut sources = Vec::with_capacity(fields.len());
         for f in &fields {
-            // SAFETY: `keep` holds a buffer export of every segment for the
-            // loader's life (dropped after `inner`); an export keeps the
-            // memory from being freed or resized, and gathers of memory
-            // the caller can reach run with the GIL held (see the
-            // module's notes).
+            // SAFETY: `keep` holds a buffer export of every segment until
+            // the producer thread (which owns the loader) has been joined
+            // (`Drop`), or, if construction fails, until the loader is
+            // dropped (locals go in reverse order); an export keeps the
+            // memory from being freed, resized or unmapped. Replacing an
+            // array's memory under its exports (`__setstate__`,
+            // `resize(refcheck=False)`) while the loader lives is excluded
+            // by the documented contract (the module's notes).
             let s =
                 unsafe { host::RowSource::from_raw_parts(&f.segments, f.row_bytes.max(1)) }.py()?;
             sources.push(s);
@@ -763,32 +932,42 @@ impl Loader {
         let inner = py
             .detach(|| host::Loader::<u8>::new(&device, sources, config))
             .py()?;
+        let (rows, batches_per_epoch) = (inner.rows(), inner.len());
+        let producer = Producer::start(inner)?;
         Ok(Loader {
-            inner,
+            producer: Some(producer),
             fields,
             as_dict,
             framework,
             device,
+            rows,
+            batches_per_epoch,
             resume_at: 0,
             epoch: 0,
             config,
+            generation: 0,
+            running: false,
+            skip: 0,
+            handed_out: 0,
+            finished: false,
+            pid: std::process::id(),
             handed: Vec::new(),
             retiring: Vec::new(),
-            keep,
+            _keep: keep,
         })
     }
 
     /// Batches in one epoch (this rank's).
     fn __len__(&self) -> usize {
-        self.inner.len()
+        self.batches_per_epoch
     }
 
     /// Starts an epoch (the one `set_epoch` chose; from the batch a loaded
     /// state names, else from the start).
-    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyRefMut<'_, Self> {
-        let (epoch, skip) = (slf.epoch, std::mem::take(&mut slf.resume_at));
-        slf.inner.start_epoch(epoch, skip);
-        slf
+    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+        let skip = std::mem::take(&mut slf.resume_at);
+        slf.start(skip)?;
+        Ok(slf)
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -812,7 +991,7 @@ impl Loader {
     /// Rows in the source (all ranks').
     #[getter]
     fn rows(&self) -> usize {
-        self.inner.rows()
+        self.rows
     }
 
     /// `(rank, world_size)` of this loader's shard.
@@ -837,7 +1016,7 @@ impl Loader {
     /// order; batch `i` is `indices[i*batch_size:(i+1)*batch_size]`.
     #[pyo3(signature = (epoch=None))]
     fn indices(&self, epoch: Option<u64>) -> Vec<usize> {
-        host::epoch_indices(self.inner.rows(), &self.config, epoch.unwrap_or(self.epoch))
+        host::epoch_indices(self.rows, &self.config, epoch.unwrap_or(self.epoch))
     }
 
     /// `{"epoch", "batches" (handed out so far this epoch), "seed",
@@ -846,10 +1025,10 @@ impl Loader {
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         let c = &self.config;
-        let position = if self.resume_at > 0 {
+        let position = if self.resume_at > 0 || !self.running {
             self.resume_at
         } else {
-            self.inner.position()
+            (self.skip + self.handed_out).min(self.batches_per_epoch)
         };
         d.set_item("epoch", self.epoch)?;
         d.set_item("batches", position)?;
@@ -859,7 +1038,7 @@ impl Loader {
         d.set_item("drop_last", c.drop_last)?;
         d.set_item("rank", c.rank)?;
         d.set_item("world_size", c.world_size)?;
-        d.set_item("rows", self.inner.rows())?;
+        d.set_item("rows", self.rows)?;
         Ok(d)
     }
 
@@ -887,7 +1066,7 @@ impl Loader {
             ("drop_last", c.drop_last as u64),
             ("rank", c.rank as u64),
             ("world_size", c.world_size as u64),
-            ("rows", self.inner.rows() as u64),
+            ("rows", self.rows as u64),
         ];
         for (k, v) in mine {
             if let Some(got) = get(k)? {
@@ -902,10 +1081,10 @@ impl Loader {
                 }
             }
         }
-        if batches > self.inner.len() {
+        if batches > self.batches_per_epoch {
             return Err(PyValueError::new_err(format!(
                 "Loader.load_state_dict: {batches} batches consumed, but an epoch has {}",
-                self.inner.len()
+                self.batches_per_epoch
             )));
         }
         self.epoch = epoch;
@@ -916,9 +1095,9 @@ impl Loader {
     fn __repr__(&self) -> String {
         format!(
             "<gpufeed.Loader {} rows, batch_size {}, {} batches/epoch, shuffle={}, rank {}/{}, {}>",
-            self.inner.rows(),
+            self.rows,
             self.config.batch_size,
-            self.inner.len(),
+            self.batches_per_epoch,
             self.config.shuffle,
             self.config.rank,
             self.config.world_size,
@@ -929,6 +1108,15 @@ impl Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
+        // The producer first: no thread reads the source once `keep` goes.
+        if let Some(p) = self.producer.take() {
+            if std::process::id() == self.pid {
+                p.stop();
+            } else {
+                // A fork() child: the thread is the parent's; nothing to join.
+                std::mem::forget(p);
+            }
+        }
         // Batches whose consumers' events are pending: wait for them, so
         // their memory is not reused under a queued kernel.
         // Batches released since the last `next`: their consumers' work

@@ -434,3 +434,58 @@ def test_the_training_example_runs_small(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["gpufeed"]["steps"] > 0 and result["dataloader"]["steps"] > 0
+
+
+def test_an_epoch_left_midway_restarts_cleanly_and_a_dropped_loader_does_not_hang(device):
+    rng = np.random.default_rng(12)
+    a = fresh(rng, (1000, 4), "int32")
+    ld = gpufeed.Loader(a, 10, shuffle=True, seed=3, device=device, framework="numpy", prefetch=4)
+    want = ref_batches(1000, 10, True, 3, 0)
+    for k, b in enumerate(ld):
+        if k == 7:
+            break  # the producer has batches of this epoch ready or in flight
+    # next() without iter() goes on with the epoch in progress.
+    same(next(ld), a[np.array(want[8])])
+    # A new iteration starts the epoch afresh: nothing left over from before.
+    for k, b in enumerate(ld):
+        same(b, a[np.array(want[k])])
+    assert k == len(want) - 1
+    with pytest.raises(StopIteration):
+        next(ld)
+    # Dropped in the middle of an epoch (its thread blocked handing over a
+    # batch): returns at once, and the source's memory is released after.
+    ld2 = gpufeed.Loader(a, 10, device=device, framework="numpy")
+    it = iter(ld2)
+    next(it)
+    del it, ld2
+    import gc
+    gc.collect()
+
+
+def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device):
+    import time
+    ld = gpufeed.Loader(np.arange(100, dtype=np.int64), 10, device=device, framework="numpy")
+    next(iter(ld))
+    pid = os.fork()
+    if pid == 0:
+        code = 5
+        try:
+            next(ld)
+            code = 3
+        except gpufeed.InvalidArgumentError:
+            code = 0
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os._exit(code)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in next(loader)")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert next(ld).tolist() == list(range(10, 20))  # the parent's goes on
