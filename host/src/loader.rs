@@ -586,8 +586,10 @@ impl<'a, T: Pod> Loader<'a, T> {
                 n * f.row_bytes() / elem,
             )?);
         }
+        // The gathers first, all of them: a failure there leaves no DMA
+        // behind (the block and the buffers go back at once).
         let mut off = 0;
-        for (f, buf) in self.fields.iter().zip(&fields) {
+        for f in &self.fields {
             let bytes = n * f.row_bytes();
             self.addrs.clear();
             self.addrs
@@ -597,30 +599,49 @@ impl<'a, T: Pod> Loader<'a, T> {
             // unwritten for 'a (RowSource's contract: a shared borrow, or
             // the raw constructor's promise); `dst` is our block.
             unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
+            off += bytes;
+        }
+        // Then the DMAs, one per field, and one event after them.
+        let mut off = 0;
+        let mut issued = Ok(());
+        for (f, buf) in self.fields.iter().zip(&fields) {
+            let bytes = n * f.row_bytes();
             let (_, addr, _) = buf.staging_parts();
             if bytes > 0 {
                 // SAFETY: the block is pinned memory of ours, held until
                 // the completion recorded below fires; the device range is
                 // the fresh buffer, whose in-flight record keeps its uses
                 // and its free behind the DMA.
-                unsafe {
+                issued = unsafe {
                     self.stream
                         .raw()
-                        .copy_h2d(addr, block.ptr().add(off), bytes)?
+                        .copy_h2d(addr, block.ptr().add(off), bytes)
                 };
+                if issued.is_err() {
+                    break;
+                }
             }
             off += bytes;
         }
+        // Recorded even after a failed DMA: the ones issued before it read
+        // the block and write the buffers until it fires.
         let done = match self.stream.raw().record(false) {
             Ok(ev) => ev.completion,
             Err(e) => {
-                // The DMAs' end can't be observed: never reuse the block.
+                // The DMAs' end can't be observed: never reuse the block
+                // nor free the buffers.
                 std::mem::forget(block);
+                std::mem::forget(fields);
                 return Err(e);
             }
         };
         for buf in &fields {
             buf.staging_parts().2.push(done.clone());
+        }
+        if let Err(e) = issued {
+            // The buffers' frees and the block's reuse wait for the event.
+            self.give_back_when_done(block, &done);
+            return Err(e);
         }
         self.queue.push_back(InFlightBatch {
             batch: Batch {
