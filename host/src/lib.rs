@@ -82,6 +82,7 @@ pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 pub use kernel_abi;
 pub use loader::{
     batches_per_epoch, epoch_indices, permutation, Batch, Loader, LoaderConfig, RowSource,
+    MAX_WORLD_SIZE,
 };
 #[cfg(feature = "hooks")]
 #[doc(hidden)]

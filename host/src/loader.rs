@@ -74,6 +74,10 @@ pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     v
 }
 
+/// The most ranks a loader's shard may be one of (an epoch's order is padded
+/// to a multiple of the world size: this bounds that padding).
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
 /// The shape of a loader: batch size, order, prefetch depth and shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderConfig {
@@ -121,6 +125,12 @@ impl LoaderConfig {
         }
         if self.prefetch == 0 {
             return bad("a loader's prefetch must be at least 1".into());
+        }
+        if self.world_size > MAX_WORLD_SIZE {
+            return bad(format!(
+                "a loader's world_size {} is above {MAX_WORLD_SIZE}",
+                self.world_size
+            ));
         }
         if self.world_size == 0 || self.rank >= self.world_size {
             return bad(format!(

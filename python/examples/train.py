@@ -90,7 +90,7 @@ def train(batches, steps, model, opt, device, repeat):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="a few seconds, any machine")
-    p.add_argument("--rows", type=int, default=1 << 19)
+    p.add_argument("--rows", type=int, default=1 << 18)
     p.add_argument("--features", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2048)
@@ -115,7 +115,12 @@ def main():
     ours = gpufeed.Loader({"x": x, "y": y}, a.batch, shuffle=True, seed=0, drop_last=True,
                           framework="torch")
     class Epochs:
+        """Each iteration a new epoch (a new shuffled order)."""
+        epoch = 0
+
         def __iter__(self):
+            ours.set_epoch(Epochs.epoch)
+            Epochs.epoch += 1
             return ((b["x"], b["y"]) for b in ours)
 
     train(Epochs(), min(5, a.steps), model, opt, device, a.repeat)  # warm-up

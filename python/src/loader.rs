@@ -817,6 +817,12 @@ impl Loader {
             )));
         }
         let (rank, world_size, local_rank) = distributed(py, rank, world_size)?;
+        if world_size > host::MAX_WORLD_SIZE {
+            return Err(PyValueError::new_err(format!(
+                "Loader: world_size {world_size} is above {}",
+                host::MAX_WORLD_SIZE
+            )));
+        }
         if world_size == 0 || rank >= world_size {
             return Err(PyValueError::new_err(format!(
                 "Loader: rank {rank} must be below world_size {world_size} (at least 1)"

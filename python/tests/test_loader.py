@@ -286,6 +286,8 @@ def test_bad_input_is_a_typed_error(device, tmp_path):
         gpufeed.Loader(a, 4, device=device, rank=2, world_size=2)
     with pytest.raises(ValueError):
         gpufeed.Loader(a, 4, device=device, rank=0)
+    with pytest.raises(ValueError, match="world_size"):
+        gpufeed.Loader(a, 4, device=device, rank=0, world_size=10**18)
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", np.zeros((5, 3), np.float32))
     with pytest.raises(ValueError, match="row shape"):
