@@ -480,7 +480,7 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn h2d_blocking<T: Pod>(&self, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
-        crate::block::block_on(self.h2d(src, dst))
+        self.h2d(src, dst).wait_here()
     }
 
     /// [`Staging::d2h`] for synchronous code: returns when the data is in
@@ -489,7 +489,7 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
-        crate::block::block_on(self.d2h(src, dst))
+        self.d2h(src, dst).wait_here()
     }
 
     /// A copy of `len` values at element `at` of `buf`, the other side in
@@ -630,6 +630,17 @@ impl<'a> StagedCopy<'a> {
             in_flight,
             state: State::Running,
             _borrow: PhantomData,
+        }
+    }
+
+    /// Runs the copy on the calling thread: a direct copy (or a refusal)
+    /// ends in the first poll, without [`crate::block_on`]'s set-up; a
+    /// staged one goes on under it.
+    fn wait_here(mut self) -> Result<()> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self).poll(&mut cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => crate::block::block_on(self),
         }
     }
 
