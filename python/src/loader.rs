@@ -590,40 +590,52 @@ impl Loader {
     /// export gets an event on the consumer's stream; a completed event
     /// lets its batch go.
     fn reap(&mut self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let mut still = Vec::with_capacity(self.handed.len());
-        for a in self.handed.drain(..) {
+        let event = |s: &Bound<'_, PyAny>| -> PyResult<Py<PyAny>> {
+            let module = match self.framework {
+                Framework::Cupy => "cupy.cuda",
+                _ => "torch.cuda",
+            };
+            let ev = py.import(module)?.getattr("Event")?.call0()?;
+            ev.call_method1("record", (s,))?;
+            Ok(ev.unbind())
+        };
+        // On an error every batch not yet looked at stays where it was
+        // (none is freed without its event).
+        let mut handed = std::mem::take(&mut self.handed).into_iter();
+        while let Some(a) = handed.next() {
             if a.get().exports.load(Ordering::SeqCst) > 0 {
-                still.push(a);
+                self.handed.push(a);
                 continue;
             }
-            let event = match (self.framework, stream) {
-                (Framework::Torch, Some(s)) => {
-                    let ev = py.import("torch.cuda")?.getattr("Event")?.call0()?;
-                    ev.call_method1("record", (s,))?;
-                    ev
-                }
-                (Framework::Cupy, Some(s)) => {
-                    let ev = py.import("cupy.cuda")?.getattr("Event")?.call0()?;
-                    ev.call_method1("record", (s,))?;
-                    ev
-                }
-                _ => continue, // nothing to wait for: dropped now
+            let Some(s) = stream else {
+                continue; // no consumer stream (not CUDA): dropped now
             };
-            self.retiring.push((a, event.unbind()));
-        }
-        self.handed = still;
-        let mut kept = Vec::with_capacity(self.retiring.len());
-        for (a, ev) in self.retiring.drain(..) {
-            let ev_b = ev.bind(py);
-            let done: bool = match self.framework {
-                Framework::Cupy => ev_b.getattr("done")?.extract()?,
-                _ => ev_b.call_method0("query")?.extract()?,
-            };
-            if !done {
-                kept.push((a, ev));
+            match event(s) {
+                Ok(ev) => self.retiring.push((a, ev)),
+                Err(e) => {
+                    self.handed.push(a);
+                    self.handed.extend(handed);
+                    return Err(e);
+                }
             }
         }
-        self.retiring = kept;
+        let mut retiring = std::mem::take(&mut self.retiring).into_iter();
+        while let Some((a, ev)) = retiring.next() {
+            let ev_b = ev.bind(py);
+            let done = match self.framework {
+                Framework::Cupy => ev_b.getattr("done").and_then(|d| d.extract::<bool>()),
+                _ => ev_b.call_method0("query").and_then(|d| d.extract::<bool>()),
+            };
+            match done {
+                Ok(true) => {} // the consumer is done with it: freed now
+                Ok(false) => self.retiring.push((a, ev)),
+                Err(e) => {
+                    self.retiring.push((a, ev));
+                    self.retiring.extend(retiring);
+                    return Err(e);
+                }
+            }
+        }
         Ok(())
     }
 
