@@ -423,7 +423,7 @@ fn importable(py: Python<'_>, name: &str) -> bool {
 ///   takes its shard with `DistributedSampler`'s semantics, and batches go
 ///   to GPU `LOCAL_RANK` unless `device` is given.
 /// - `framework`: `"torch"`, `"cupy"`, `"gpufeed"` (`DeviceArray`s) or
-///   `"numpy"` (host arrays, a copy); `"auto"`: torch if importable, else
+///   `"numpy"` (host arrays, a copy); `"auto"`: torch if it sees the device, else
 ///   CuPy (on a GPU), else `DeviceArray`s. On the CPU emulation torch
 ///   tensors are CPU tensors (device memory there is host memory).
 /// - Each batch is handed out once its copy is complete: ready on the
@@ -876,7 +876,17 @@ impl Loader {
             "gpufeed" => Framework::Gpufeed,
             "numpy" => Framework::Numpy,
             "auto" => {
-                if importable(py, "torch") {
+                let torch_fits = |py: Python<'_>| -> bool {
+                    // On a GPU, only a torch that sees it (not a CPU build).
+                    py.import("torch").is_ok_and(|t| {
+                        !cuda
+                            || t.getattr("cuda")
+                                .and_then(|c| c.call_method0("is_available"))
+                                .and_then(|v| v.extract::<bool>())
+                                .unwrap_or(false)
+                    })
+                };
+                if torch_fits(py) {
                     Framework::Torch
                 } else if cuda && importable(py, "cupy") {
                     Framework::Cupy
