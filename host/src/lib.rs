@@ -42,6 +42,7 @@ mod completion;
 mod cpu;
 mod cuda;
 mod device;
+mod direct_io;
 mod error;
 mod fork;
 pub mod guarantees;
@@ -89,8 +90,9 @@ pub use pipeline::{
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{
-    Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
-    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,
+    FileIo, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
+    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN,
+    DIRECT_IO_MIN_BYTES, MAX_STAGING_THREADS,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

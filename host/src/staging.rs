@@ -87,6 +87,32 @@ pub enum Route {
     Staged,
 }
 
+/// How a file is read into the ring ([`Staging::read_file_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FileIo {
+    /// `O_DIRECT` when most of the range is outside the page cache (a
+    /// cached file is served from memory far faster than a disk reads) and
+    /// the file system accepts it, for ranges of at least
+    /// [`DIRECT_IO_MIN_BYTES`]; buffered otherwise.
+    #[default]
+    Auto,
+    /// Through the page cache (`pread`).
+    Buffered,
+    /// `O_DIRECT`: the 4 KiB-aligned middle of each block read around the
+    /// page cache straight into the pinned block, the unaligned ends (under
+    /// 4 KiB each) buffered. Refused with an [`Error::Io`] of kind
+    /// `Unsupported` where the file system refuses `O_DIRECT` (or the
+    /// descriptor can't be reopened), `InvalidArgument` for blocks under
+    /// 8 KiB.
+    Direct,
+}
+
+/// `O_DIRECT` alignment of file offsets, lengths and memory addresses
+/// (the largest logical block size in common use).
+pub const DIRECT_IO_ALIGN: u64 = 4096;
+/// Under [`FileIo::Auto`], reads shorter than this are buffered.
+pub const DIRECT_IO_MIN_BYTES: usize = 4 << 20;
+
 /// The shape of a staging engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
@@ -319,6 +345,11 @@ impl Staging {
         self.engine.workers.plant_panic();
     }
 
+    /// The device the engine copies to and from.
+    pub fn device(&self) -> &Device {
+        &self.engine.device
+    }
+
     /// The engine's configuration.
     pub fn config(&self) -> StagingConfig {
         self.engine.config
@@ -425,7 +456,49 @@ impl Staging {
         at: u64,
         dst: &'a mut DeviceBuffer<T>,
     ) -> StagedCopy<'a> {
-        self.start(dst, 0, dst.len(), Dir::FileIn { file, at })
+        let len = dst.len();
+        self.read_file_with(file, at, dst, 0..len, FileIo::Auto)
+    }
+
+    /// Reads `range.len()` values from `file`, starting at byte `at`, into
+    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: `O_DIRECT` for a
+    /// file mostly outside the page cache, buffered otherwise; see
+    /// [`StagedCopy::file_io`] for the way taken). Reading a large file in
+    /// ranges lets the caller report progress between them.
+    ///
+    /// # Errors
+    /// `OutOfBounds` for a range outside `dst`; with [`FileIo::Direct`],
+    /// [`Error::Io`] of kind `Unsupported` when the file system refuses
+    /// `O_DIRECT`; as [`Staging::read_file`] otherwise.
+    ///
+    /// # Cancel safety
+    /// As [`Staging::read_file`].
+    pub fn read_file_with<'a, T: Pod>(
+        &'a self,
+        file: &'a std::fs::File,
+        at: u64,
+        dst: &'a mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        io: FileIo,
+    ) -> StagedCopy<'a> {
+        let len = range.end.saturating_sub(range.start);
+        let mut copy = self.start(dst, range.start, len, Dir::FileIn { file, at });
+        copy.fail_unless(ordered(&range));
+        if matches!(copy.state, State::Running) && len > 0 {
+            let bytes = (len * std::mem::size_of::<T>()) as u64;
+            match crate::direct_io::choose(file, at, bytes, io, self.engine.config.block_bytes) {
+                Ok(direct) => {
+                    copy.file_io = Some(if direct.is_some() {
+                        FileIo::Direct
+                    } else {
+                        FileIo::Buffered
+                    });
+                    copy.direct = direct;
+                }
+                Err(e) => copy.fail_unless(Err(e)),
+            }
+        }
+        copy
     }
 
     /// Writes the values of `src` to `file` from byte `at` (parallel
@@ -444,7 +517,28 @@ impl Staging {
         file: &'a std::fs::File,
         at: u64,
     ) -> StagedCopy<'a> {
-        self.start(src, 0, src.len(), Dir::FileOut { file, at })
+        self.write_file_with(src, 0..src.len(), file, at)
+    }
+
+    /// Writes the values of `src[range]` to `file` from byte `at` (a large
+    /// buffer written in ranges lets the caller report progress).
+    ///
+    /// # Errors
+    /// `OutOfBounds` for a range outside `src`; as [`Staging::write_file`].
+    ///
+    /// # Cancel safety
+    /// As [`Staging::write_file`].
+    pub fn write_file_with<'a, T: Pod>(
+        &'a self,
+        src: &'a DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        file: &'a std::fs::File,
+        at: u64,
+    ) -> StagedCopy<'a> {
+        let len = range.end.saturating_sub(range.start);
+        let mut copy = self.start(src, range.start, len, Dir::FileOut { file, at });
+        copy.fail_unless(ordered(&range));
+        copy
     }
 
     /// [`Staging::read_file`] for synchronous code.
@@ -458,6 +552,35 @@ impl Staging {
         dst: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         crate::block::block_on(self.read_file(file, at, dst))
+    }
+
+    /// [`Staging::read_file_with`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::read_file_with`].
+    pub fn read_file_with_blocking<T: Pod>(
+        &self,
+        file: &std::fs::File,
+        at: u64,
+        dst: &mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        io: FileIo,
+    ) -> Result<()> {
+        crate::block::block_on(self.read_file_with(file, at, dst, range, io))
+    }
+
+    /// [`Staging::write_file_with`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::write_file_with`].
+    pub fn write_file_with_blocking<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        file: &std::fs::File,
+        at: u64,
+    ) -> Result<()> {
+        crate::block::block_on(self.write_file_with(src, range, file, at))
     }
 
     /// [`Staging::write_file`] for synchronous code.
@@ -534,6 +657,18 @@ impl Staging {
     }
 }
 
+/// `OutOfBounds` for a range whose end is before its start.
+fn ordered(range: &std::ops::Range<usize>) -> Result<()> {
+    if range.end < range.start {
+        return Err(Error::OutOfBounds {
+            start: range.start,
+            end: range.end,
+            len: range.end,
+        });
+    }
+    Ok(())
+}
+
 /// Which way a staged copy goes, with the user's host memory or file.
 #[derive(Clone, Copy)]
 enum Dir {
@@ -585,6 +720,11 @@ pub struct StagedCopy<'a> {
     ring: VecDeque<Slot>,
     in_flight: &'a InFlight,
     state: State,
+    /// A file read: the way chosen ([`FileIo::Buffered`] or
+    /// [`FileIo::Direct`]).
+    file_io: Option<FileIo>,
+    /// The file reopened with `O_DIRECT` (reads of [`FileIo::Direct`]).
+    direct: Option<std::fs::File>,
     /// Borrows of the host slice and the device buffer (`Dir` holds the
     /// host pointer).
     _borrow: PhantomData<&'a mut [u8]>,
@@ -619,8 +759,30 @@ impl<'a> StagedCopy<'a> {
             ring: VecDeque::new(),
             in_flight,
             state: State::Running,
+            file_io: None,
+            direct: None,
             _borrow: PhantomData,
         }
+    }
+
+    /// For a file read, the way it reads the file: [`FileIo::Direct`] or
+    /// [`FileIo::Buffered`] (what [`FileIo::Auto`] chose); `None` for other
+    /// copies, and for a read refused or of no bytes.
+    pub fn file_io(&self) -> Option<FileIo> {
+        self.file_io
+    }
+
+    /// Bytes of the next block: a whole block, less, for a direct read, the
+    /// skew of its file offset from the alignment (the block holds the
+    /// aligned range around it).
+    fn piece_len(&self) -> usize {
+        let skew = match (self.dir, &self.direct) {
+            (Dir::FileIn { at, .. }, Some(_)) => {
+                ((at + self.next as u64) % DIRECT_IO_ALIGN) as usize
+            }
+            _ => 0,
+        };
+        (self.total - self.next).min(self.engine.config.block_bytes - skew)
     }
 
     fn fail_unless(&mut self, check: Result<()>) {
@@ -671,20 +833,37 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    /// Fills `block` with the source's bytes from offset `off` (toward
-    /// the device: the user's slice, or the file).
-    fn fill(&self, off: usize, block: &mut [u8]) -> Result<()> {
+    /// Fills the block with the source's `len` bytes from offset `off`
+    /// (toward the device: the user's slice, or the file); returns where
+    /// in the block they start (0 but for a direct read, whose block holds
+    /// the aligned range around them).
+    fn fill(&self, off: usize, block: &mut [u8], len: usize) -> Result<usize> {
         match self.dir {
             Dir::H2d(src) => {
                 // SAFETY: `src` is the borrowed slice of `total` bytes, alive
                 // and unchanged while this future lives; the piece lies in it.
-                let piece = unsafe { std::slice::from_raw_parts(src.add(off), block.len()) };
-                self.engine.workers.copy(piece, block)
+                let piece = unsafe { std::slice::from_raw_parts(src.add(off), len) };
+                self.engine.workers.copy(piece, &mut block[..len])?;
+                Ok(0)
             }
             Dir::FileIn { file, at } => {
                 // SAFETY: the file is borrowed for the future's life.
                 let file = unsafe { &*file };
-                self.engine.workers.read(file, at + off as u64, block)
+                let at = at + off as u64;
+                match &self.direct {
+                    Some(direct) => crate::direct_io::read_block(
+                        &self.engine.workers,
+                        direct,
+                        file,
+                        at,
+                        block,
+                        len,
+                    ),
+                    None => {
+                        self.engine.workers.read(file, at, &mut block[..len])?;
+                        Ok(0)
+                    }
+                }
             }
             Dir::D2h(_) | Dir::FileOut { .. } => Err(Error::Internal(
                 "fill of a copy away from the device".into(),
@@ -753,7 +932,7 @@ impl<'a> StagedCopy<'a> {
 
     /// Sends `block` (filled for H2D) or fetches into it (D2H), for the
     /// piece at `self.next`, and records its completion.
-    fn issue(&mut self, block: PooledBuffer<u8>, len: usize) -> Result<()> {
+    fn issue(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
         let off = self.next;
         let dev = self.dev + off as u64;
         let stream = if self.dir.is_upload() {
@@ -764,11 +943,13 @@ impl<'a> StagedCopy<'a> {
         let raw = stream.raw();
         // SAFETY: the block is pinned memory of the engine, held in `ring`
         // (or deferred to the ring) until the completion recorded after the
-        // DMA fires; the device range lies in the borrowed buffer, whose
-        // `in_flight` record keeps its next use and its free behind it.
+        // DMA fires; `skew + len` lies within it (`fill` returned `skew` for
+        // `len` bytes inside the block); the device range lies in the
+        // borrowed buffer, whose `in_flight` record keeps its next use and
+        // its free behind it.
         let issued = unsafe {
             if self.dir.is_upload() {
-                raw.copy_h2d(dev, block.ptr(), len)
+                raw.copy_h2d(dev, block.ptr().add(skew), len)
             } else {
                 raw.copy_d2h(block.ptr(), dev, len)
             }
@@ -805,12 +986,15 @@ impl<'a> StagedCopy<'a> {
                     Ok(None) => return Poll::Pending,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let len = (self.total - self.next).min(self.engine.config.block_bytes);
-                if let Err(e) = self.fill(self.next, &mut block.as_mut_slice()[..len]) {
-                    self.engine.give_back(block);
-                    return Poll::Ready(Err(e));
-                }
-                if let Err(e) = self.issue(block, len) {
+                let len = self.piece_len();
+                let skew = match self.fill(self.next, block.as_mut_slice(), len) {
+                    Ok(skew) => skew,
+                    Err(e) => {
+                        self.engine.give_back(block);
+                        return Poll::Ready(Err(e));
+                    }
+                };
+                if let Err(e) = self.issue(block, skew, len) {
                     return Poll::Ready(Err(e));
                 }
             } else {
@@ -848,7 +1032,7 @@ impl<'a> StagedCopy<'a> {
                     Err(e) => return Poll::Ready(Err(e)),
                 };
                 let len = (self.total - self.next).min(block_bytes);
-                if let Err(e) = self.issue(block, len) {
+                if let Err(e) = self.issue(block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
             }
@@ -875,7 +1059,7 @@ impl<'a> StagedCopy<'a> {
             }
             if self.next < self.total {
                 let len = (self.total - self.next).min(block_bytes);
-                if let Err(e) = self.issue(slot.block, len) {
+                if let Err(e) = self.issue(slot.block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
             } else {
