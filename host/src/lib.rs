@@ -45,6 +45,7 @@ mod device;
 mod direct_io;
 mod error;
 mod fork;
+mod gds;
 pub mod guarantees;
 pub mod interop;
 mod kernel;
@@ -71,6 +72,7 @@ pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
 pub use device::Device;
 pub use error::{Error, JobError, Result};
+pub use gds::{gds_status, GdsStatus};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
 pub use kernel_abi;

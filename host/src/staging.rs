@@ -350,6 +350,15 @@ impl Staging {
         &self.engine.device
     }
 
+    /// How this engine's file reads reach the device: what the GPUDirect
+    /// Storage probe found for its device. Where it is available, reads
+    /// that take `O_DIRECT` ([`FileIo`]) go through cuFile when the file's
+    /// system is supported ([`StagedCopy::uses_gds`]); through the ring
+    /// otherwise.
+    pub fn file_route(&self) -> crate::GdsStatus {
+        crate::gds::gds_status(&self.engine.device)
+    }
+
     /// The engine's configuration.
     pub fn config(&self) -> StagingConfig {
         self.engine.config
@@ -493,6 +502,13 @@ impl Staging {
                     } else {
                         FileIo::Buffered
                     });
+                    // A direct read goes through cuFile where GPUDirect
+                    // Storage is available and the file system supported.
+                    if let Some(d) = &direct {
+                        if crate::gds::gds_status(&self.engine.device).is_available() {
+                            copy.gds = crate::gds::Registered::new(d).ok();
+                        }
+                    }
                     copy.direct = direct;
                 }
                 Err(e) => copy.fail_unless(Err(e)),
@@ -725,6 +741,8 @@ pub struct StagedCopy<'a> {
     file_io: Option<FileIo>,
     /// The file reopened with `O_DIRECT` (reads of [`FileIo::Direct`]).
     direct: Option<std::fs::File>,
+    /// That file registered with cuFile: read by GPUDirect Storage.
+    gds: Option<crate::gds::Registered>,
     /// Borrows of the host slice and the device buffer (`Dir` holds the
     /// host pointer).
     _borrow: PhantomData<&'a mut [u8]>,
@@ -761,6 +779,7 @@ impl<'a> StagedCopy<'a> {
             state: State::Running,
             file_io: None,
             direct: None,
+            gds: None,
             _borrow: PhantomData,
         }
     }
@@ -770,6 +789,26 @@ impl<'a> StagedCopy<'a> {
     /// copies, and for a read refused or of no bytes.
     pub fn file_io(&self) -> Option<FileIo> {
         self.file_io
+    }
+
+    /// Whether this file read goes by GPUDirect Storage (cuFile, straight
+    /// into device memory) rather than through the ring.
+    pub fn uses_gds(&self) -> bool {
+        self.gds.is_some()
+    }
+
+    /// The whole read by cuFile, synchronously.
+    fn read_by_gds(&mut self) -> Result<()> {
+        let (Some(gds), Dir::FileIn { at, .. }) = (&self.gds, self.dir) else {
+            return Err(Error::Internal(
+                "a GPUDirect Storage read without a handle".into(),
+            ));
+        };
+        crate::cuda::bind(&self.engine.device)?;
+        // SAFETY: the device range was checked against the buffer, borrowed
+        // exclusively for the copy (its earlier staged DMAs were settled
+        // when the copy started); the engine's context is current.
+        unsafe { gds.read(at, self.dev, self.total) }
     }
 
     /// Bytes of the next block: a whole block, less, for a direct read, the
@@ -1083,7 +1122,9 @@ impl Future for StagedCopy<'_> {
             }
             State::Running => this.state = State::Running,
         }
-        let polled = if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
+        let polled = if this.next == 0 && this.ring.is_empty() && this.gds.is_some() {
+            Poll::Ready(this.read_by_gds())
+        } else if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
             Poll::Ready(this.direct())
         } else {
             if this.dir.is_upload() {
