@@ -13,11 +13,36 @@
 //! a cached file is served from memory many times faster than any disk.
 
 use crate::error::{Error, Result};
-use crate::staging::{FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES};
 use crate::workers::CopyWorkers;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
+
+/// How a file is read into the ring ([`crate::Staging::read_file_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FileIo {
+    /// `O_DIRECT` when most of the range is outside the page cache (a
+    /// cached file is served from memory far faster than a disk reads) and
+    /// the file system accepts it, for ranges of at least
+    /// [`DIRECT_IO_MIN_BYTES`]; buffered otherwise.
+    #[default]
+    Auto,
+    /// Through the page cache (`pread`).
+    Buffered,
+    /// `O_DIRECT`: the 4 KiB-aligned middle of each block read around the
+    /// page cache straight into the pinned block, the unaligned ends (under
+    /// 4 KiB each) buffered. Refused with an [`Error::Io`] of kind
+    /// `Unsupported` where the file system refuses `O_DIRECT` (or the
+    /// descriptor can't be reopened), `InvalidArgument` for blocks under
+    /// 8 KiB.
+    Direct,
+}
+
+/// `O_DIRECT` alignment of file offsets, lengths and memory addresses
+/// (the largest logical block size in common use).
+pub const DIRECT_IO_ALIGN: u64 = 4096;
+/// Under [`FileIo::Auto`], reads shorter than this are buffered.
+pub const DIRECT_IO_MIN_BYTES: usize = 4 << 20;
 
 /// Under [`FileIo::Auto`], a range with at least this share of its pages
 /// in the page cache is read buffered.

@@ -46,6 +46,7 @@
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
+pub use crate::direct_io::{FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES};
 use crate::error::{byte_size, Error, Result};
 use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
@@ -86,32 +87,6 @@ pub enum Route {
     /// Through the pinned ring, whatever the size.
     Staged,
 }
-
-/// How a file is read into the ring ([`Staging::read_file_with`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum FileIo {
-    /// `O_DIRECT` when most of the range is outside the page cache (a
-    /// cached file is served from memory far faster than a disk reads) and
-    /// the file system accepts it, for ranges of at least
-    /// [`DIRECT_IO_MIN_BYTES`]; buffered otherwise.
-    #[default]
-    Auto,
-    /// Through the page cache (`pread`).
-    Buffered,
-    /// `O_DIRECT`: the 4 KiB-aligned middle of each block read around the
-    /// page cache straight into the pinned block, the unaligned ends (under
-    /// 4 KiB each) buffered. Refused with an [`Error::Io`] of kind
-    /// `Unsupported` where the file system refuses `O_DIRECT` (or the
-    /// descriptor can't be reopened), `InvalidArgument` for blocks under
-    /// 8 KiB.
-    Direct,
-}
-
-/// `O_DIRECT` alignment of file offsets, lengths and memory addresses
-/// (the largest logical block size in common use).
-pub const DIRECT_IO_ALIGN: u64 = 4096;
-/// Under [`FileIo::Auto`], reads shorter than this are buffered.
-pub const DIRECT_IO_MIN_BYTES: usize = 4 << 20;
 
 /// The shape of a staging engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
