@@ -581,8 +581,9 @@ fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Dev
         );
         // A range the wrong way round.
         let mut dev = poisoned(&device, 10);
+        let (start, end) = (5, 3);
         let err = staging
-            .read_file_with_blocking(&file, 0, &mut dev, 5..3, FileIo::Auto)
+            .read_file_with_blocking(&file, 0, &mut dev, start..end, FileIo::Auto)
             .unwrap_err();
         assert!(matches!(err, Error::OutOfBounds { .. }), "{err:?}");
         std::fs::remove_dir_all(&dir).unwrap();

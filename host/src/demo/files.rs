@@ -263,7 +263,6 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
         config.cold_reps,
         &mut dev,
     )?);
-    drop(measure);
     if !warmup.verified {
         rows.push(warmup);
     }
