@@ -33,6 +33,9 @@
 #                                   nvidia-cufile) come in .gpu/wheels/extra (EXTRA_WHEELS=... when
 #                                   bundling); libcufile from nvidia-cufile is put on
 #                                   LD_LIBRARY_PATH so that the GPUDirect Storage probe finds it
+#   bash bench/gpu-round.sh measure the staging round's measurements alone (no tests, no sanitizer):
+#                                   `host staging` and the Python peer (`host files` and the files
+#                                   peer with FILES=1)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -96,8 +99,9 @@ if [ "$mode" = final ]; then
   PEER_ARGS=${PEER_ARGS:---slow-reps 3}
 fi
 
-if [ "$mode" = staging ] || [ "$mode" = final ]; then
+if [ "$mode" = staging ] || [ "$mode" = final ] || [ "$mode" = measure ]; then
   S="$R/staging"; mkdir -p "$S"
+  if [ "$mode" != measure ]; then
   note "staging: tests, memcheck, host staging, the Python peer"
   exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
   REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$S/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
@@ -105,6 +109,7 @@ if [ "$mode" = staging ] || [ "$mode" = final ]; then
   san memcheck staging --leak-check full
   PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
   tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
+  fi
   timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
   grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
   # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
@@ -113,7 +118,7 @@ if [ "$mode" = staging ] || [ "$mode" = final ]; then
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" = files ] || [ "$mode" = final ]; then
+if [ "$mode" = files ] || [ "$mode" = final ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; then
   FD="$R/files"; mkdir -p "$FD"
   # The files on the repository's disk (not $OUT: nothing big comes back; /tmp may be tmpfs).
   scratch="$PWD/.files-scratch"; mkdir -p "$scratch"
@@ -135,7 +140,7 @@ if [ "$mode" = files ] || [ "$mode" = final ]; then
   rm -rf "$scratch"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != measure ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

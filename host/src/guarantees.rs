@@ -291,3 +291,17 @@
 //! };
 //! # drop(copy); Ok(()) }
 //! ```
+//! A pipeline run over ordinary slices ([`Pipeline::run_slices`](crate::Pipeline::run_slices))
+//! borrows them the same way: the output can't be read before the run has
+//! written it.
+//! ```compile_fail,E0502
+//! # async fn f(pipe: &host::Pipeline, staging: &host::Staging) -> host::Result<()> {
+//! let x = vec![1.0f32; 1024];
+//! let mut y = vec![0.0f32; 1024];
+//! let run = pipe.run_slices(staging, &x, &mut y, |c, chunk| {
+//!     c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
+//! });
+//! let first = y[0];
+//! run.await?;
+//! # Ok(()) }
+//! ```

@@ -38,6 +38,7 @@
 
 mod backend;
 mod block;
+mod claim;
 mod completion;
 mod cpu;
 mod cuda;
@@ -57,6 +58,7 @@ mod pipeline;
 mod pool;
 pub mod ptx;
 mod ptx_entries;
+mod sliced;
 mod staging;
 mod stream;
 #[cfg(feature = "hooks")]

@@ -39,7 +39,7 @@ use crate::memory::{
     device_slice_mut, host_slice, host_slice_mut, DeviceBuffer, DeviceSlice, DeviceSliceMut,
     HostSlice, HostSliceMut, PinnedBuffer, PinnedHost, Registered,
 };
-use crate::pool::PooledBuffer;
+use crate::pool::{PinnedPool, PooledBuffer};
 use crate::stream::{Commands, Event, Job, Mark, Stream};
 use bytemuck::Pod;
 use std::any::TypeId;
@@ -354,6 +354,8 @@ pub struct Pipeline {
     device: Device,
     streams: Vec<Stream>,
     state: Mutex<RunState>,
+    /// Pinned windows of runs over ordinary slices (`run_slices`).
+    windows: PinnedPool,
 }
 
 /// What consecutive runs share, under the pipeline's lock.
@@ -726,12 +728,23 @@ impl Pipeline {
                 .map(|_| Stream::new(device))
                 .collect::<Result<_>>()?,
             state: Mutex::new(RunState::default()),
+            windows: PinnedPool::near(device),
         })
     }
 
     /// The pipeline's streams.
     pub fn streams(&self) -> &[Stream] {
         &self.streams
+    }
+
+    /// The device the pipeline runs on.
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The pool the pinned windows of `run_slices` come from.
+    pub(crate) fn windows(&self) -> &PinnedPool {
+        &self.windows
     }
 
     /// At least `slots` slots of scratch arrays of `sizes` bytes per element

@@ -626,7 +626,16 @@ impl Staging {
         copy
     }
 
-    fn same_device(&self, device: &Device) -> Result<()> {
+    /// Copies `src` into `dst` (equal lengths) on the engine's workers and
+    /// the calling thread: a parallel memcpy.
+    ///
+    /// # Errors
+    /// [`Error::WorkerPanicked`]; `InvalidArgument` in a `fork()` child.
+    pub(crate) fn host_copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.engine.workers.copy(src, dst)
+    }
+
+    pub(crate) fn same_device(&self, device: &Device) -> Result<()> {
         if device.id() != self.engine.device.id() {
             return Err(Error::InvalidArgument(
                 "a device buffer of another device (or backend) was given to this staging engine"

@@ -1,6 +1,6 @@
 //! `CopyWorkers`: persistent threads that copy one block of bytes
-//! together, each a fixed piece, with the calling thread taking the last
-//! piece.
+//! together with the calling thread, in pieces each takes as it comes
+//! ([`Claims`]).
 //!
 //! A staged copy fills (or drains) a pinned block every few hundred
 //! microseconds; waking sleeping threads for each block costs as much as
@@ -8,16 +8,21 @@
 //! third of the link there). So the workers spin on the job counter for
 //! [`SPIN_FOR`] after their last piece, then park: while a copy streams
 //! blocks they never sleep, and with no copy in flight no core stays busy.
+//! The calling thread never waits for a worker to wake: it starts on the
+//! pieces at once, and a worker that wakes late finds them taken.
 //!
-//! Orderings: the caller publishes a job (its pointers under `job`'s lock)
-//! and then bumps `generation` (SeqCst); a worker that sees the new
-//! generation reads the job under the same lock, copies its piece and
-//! decrements `left` (AcqRel); the caller returns when `left` reaches zero
-//! (Acquire), so every worker's writes happen before it. Parking is the
-//! Dekker pattern on `parked` and `generation`, both SeqCst: a worker
-//! counts itself parked, then looks at the generation under the lock;
-//! the caller bumps the generation, then notifies if anyone is parked.
+//! Orderings: the caller publishes a job (its pointers and sequence number
+//! under `job`'s lock), opens its claims, then bumps `generation`
+//! (SeqCst); a worker that sees the new generation reads the job under the
+//! same lock and claims pieces with the job's tag, which fails once the
+//! caller has moved on; the caller returns when every piece is finished,
+//! so every claimed piece's writes happen before it (see `claim.rs`).
+//! Parking is the Dekker pattern on `parked` and `generation`, both
+//! SeqCst: a worker counts itself parked, then looks at the generation
+//! under the lock; the caller bumps the generation, then notifies if anyone
+//! is parked.
 
+use crate::claim::{Claims, MAX_PARTS};
 use crate::completion::lock;
 use crate::error::{Error, Result};
 use std::os::unix::fs::FileExt;
@@ -34,13 +39,41 @@ pub(crate) const SPIN_FOR: Duration = Duration::from_millis(2);
 /// one cache line, and pages map whole).
 const PIECE_ALIGN: usize = 4096;
 
-/// One block's work: `len` bytes in `parts` pieces, each piece a copy, a
-/// read from a file or a write to one.
+/// The smallest piece worth handing to another thread.
+const MIN_PIECE: usize = 64 << 10;
+
+/// Pieces per participant: enough that a worker joining late still finds
+/// some, few enough that claiming costs nothing next to the copy.
+const PIECES_EACH: usize = 4;
+
+/// One block's work: `len` bytes in `parts` pieces of `piece` bytes (the
+/// last shorter), each a copy, a read from a file or a write to one; `seq`
+/// tags its claims.
 #[derive(Clone, Copy)]
 struct Job {
     what: What,
     len: usize,
+    piece: usize,
     parts: usize,
+    seq: u64,
+}
+
+impl Job {
+    /// `len` bytes of `what`, cut for `participants` threads.
+    fn new(what: What, len: usize, participants: usize, seq: u64) -> Job {
+        let piece = len
+            .div_ceil(participants * PIECES_EACH)
+            .max(MIN_PIECE)
+            .next_multiple_of(PIECE_ALIGN)
+            .max(len.div_ceil(MAX_PARTS));
+        Job {
+            what,
+            len,
+            piece,
+            parts: len.div_ceil(piece).max(1),
+            seq,
+        }
+    }
 }
 
 /// What a piece of a job does with its range (addresses as integers).
@@ -58,8 +91,10 @@ enum What {
 struct Shared {
     job: Mutex<Job>,
     generation: AtomicU64,
-    /// Pieces of the current job not yet copied.
-    left: AtomicUsize,
+    /// The current job's pieces: who takes which, how many are finished.
+    claims: Claims,
+    /// The sequence number of the next job (under `turn`).
+    next_seq: AtomicU64,
     /// The first failure of a piece of the current job (a panic, an I/O
     /// error).
     failed: Mutex<Option<Error>>,
@@ -89,13 +124,10 @@ impl CopyWorkers {
     /// `Internal` when a thread can't be started (those started are stopped).
     pub(crate) fn start(n: usize, init: impl Fn() + Send + Sync + Clone + 'static) -> Result<Self> {
         let shared = Arc::new(Shared {
-            job: Mutex::new(Job {
-                what: What::Copy { src: 0, dst: 0 },
-                len: 0,
-                parts: 0,
-            }),
+            job: Mutex::new(Job::new(What::Copy { src: 0, dst: 0 }, 0, 1, 0)),
             generation: AtomicU64::new(0),
-            left: AtomicUsize::new(0),
+            claims: Claims::new(),
+            next_seq: AtomicU64::new(1),
             failed: Mutex::new(None),
             parked: AtomicUsize::new(0),
             wake: Condvar::new(),
@@ -115,7 +147,7 @@ impl CopyWorkers {
                 .name(format!("staging-{index}"))
                 .spawn(move || {
                     init();
-                    work(&shared, index);
+                    work(&shared);
                 });
             match spawned {
                 Ok(h) => workers.threads.push(h),
@@ -185,35 +217,36 @@ impl CopyWorkers {
         // In a fork() child the workers don't exist: waiting for them would
         // hang.
         self.generation.check("a staging engine")?;
-        let participants = self.threads.len() + 1;
-        let parts = len.div_ceil(PIECE_ALIGN).clamp(1, participants);
-        if parts == 1 {
-            return do_piece(
-                &self.shared,
-                Job {
-                    what,
-                    len,
-                    parts: 1,
-                },
-                0,
-            );
+        let s = &*self.shared;
+        let job = Job::new(what, len, self.threads.len() + 1, 0);
+        if job.parts == 1 {
+            return do_piece(s, job, 0);
         }
         let _turn = lock(&self.turn);
-        let s = &*self.shared;
-        let job = Job { what, len, parts };
+        let job = Job {
+            seq: s.next_seq.fetch_add(1, Ordering::Relaxed),
+            ..job
+        };
         *lock(&s.job) = job;
         *lock(&s.failed) = None;
-        // Every worker decrements once per job, piece or not.
-        s.left.store(self.threads.len(), Ordering::SeqCst);
+        s.claims.open(job.seq);
         s.generation.fetch_add(1, Ordering::SeqCst);
         if s.parked.load(Ordering::SeqCst) > 0 {
             let _g = lock(&s.sleep);
             s.wake.notify_all();
         }
-        // The caller's own piece: the last.
-        let mine = do_piece(s, job, parts - 1);
+        // This thread takes pieces too, from the first: it never waits for
+        // a worker to wake, only for pieces already taken to finish.
+        let mut mine = Ok(());
+        while let Some(index) = s.claims.claim(job.seq, job.parts) {
+            let done = do_piece(s, job, index);
+            s.claims.finish();
+            if mine.is_ok() {
+                mine = done;
+            }
+        }
         let mut spins = 0u32;
-        while s.left.load(Ordering::Acquire) > 0 {
+        while !s.claims.all_done(job.parts) {
             spins = spins.saturating_add(1);
             backoff(spins);
         }
@@ -264,9 +297,8 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Does piece `index` of `job`; a panic becomes [`Error::WorkerPanicked`].
 fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
-    let piece = job.len.div_ceil(job.parts).next_multiple_of(PIECE_ALIGN);
-    let start = (piece * index).min(job.len);
-    let end = (start + piece).min(job.len);
+    let start = (job.piece * index).min(job.len);
+    let end = (start + job.piece).min(job.len);
     let run = || -> Result<()> {
         if s.plant.load(Ordering::Relaxed) && s.plant.swap(false, Ordering::SeqCst) {
             panic!("planted panic in a staging worker");
@@ -345,7 +377,7 @@ fn backoff(spins: u32) {
 }
 
 /// A worker's loop: wait for a new job (spin, then park), copy its piece.
-fn work(s: &Shared, index: usize) {
+fn work(s: &Shared) {
     let mut seen = 0;
     loop {
         let spin_until = Instant::now() + SPIN_FOR;
@@ -367,15 +399,17 @@ fn work(s: &Shared, index: usize) {
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
+        // The job is read with its tag: if the caller has moved on, the
+        // claims refuse it and this worker waits for the next.
         let job = *lock(&s.job);
-        if index + 1 < job.parts {
+        while let Some(index) = s.claims.claim(job.seq, job.parts) {
             if let Err(e) = do_piece(s, job, index) {
                 let mut f = lock(&s.failed);
                 if f.is_none() {
                     *f = Some(e);
                 }
             }
+            s.claims.finish();
         }
-        s.left.fetch_sub(1, Ordering::AcqRel);
     }
 }

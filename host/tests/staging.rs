@@ -589,3 +589,99 @@ fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Dev
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// Random floats in [-500, 500) (finite, never NaN).
+fn random_floats(n: usize, rng: &mut fastrand::Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.f32() * 1000.0 - 500.0).collect()
+}
+
+/// `y = 3 x` in a pipeline run over ordinary slices.
+fn triple<'p>(
+    pipe: &'p host::Pipeline,
+    staging: &'p Staging,
+    x: &'p [f32],
+    y: &'p mut [f32],
+) -> impl Future<Output = host::Result<()>> + 'p {
+    pipe.run_slices(staging, x, y, |c, chunk| {
+        c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)?;
+        c.kernel(host::Kernel::Scale { s: 3.0 }, chunk.output::<f32>(0)?)
+    })
+}
+
+/// Index of the first float whose bits differ from a plain loop's `3 x`.
+fn first_wrong_triple(x: &[f32], y: &[f32]) -> Option<(usize, f32, f32)> {
+    assert_eq!(x.len(), y.len());
+    (0..x.len())
+        .find(|&i| y[i].to_bits() != (x[i] * 3.0).to_bits())
+        .map(|i| (i, y[i], x[i] * 3.0))
+}
+
+host::backend_tests!(a_pipeline_over_ordinary_slices_computes_every_element);
+fn a_pipeline_over_ordinary_slices_computes_every_element(device: host::Device) {
+    let mut rng = fastrand::Rng::with_seed(0x511c);
+    let staging = small(&device, Route::Auto, 2);
+    let pipe = host::Pipeline::new(&device, 3).unwrap();
+    // Windows are 8 MiB (2^21 floats): none, one element, one partial
+    // window, and three windows with a ragged last one.
+    for n in [0, 1, 1000, (2 << 21) + 12_345] {
+        let x = random_floats(n, &mut rng);
+        let mut y = vec![f32::NAN; n];
+        futures::executor::block_on(triple(&pipe, &staging, &x, &mut y)).unwrap();
+        assert_eq!(first_wrong_triple(&x, &y), None, "n = {n}");
+    }
+}
+
+host::backend_tests!(a_pipeline_over_slices_dropped_at_any_point_frees_them_at_once);
+fn a_pipeline_over_slices_dropped_at_any_point_frees_them_at_once(device: host::Device) {
+    let mut rng = fastrand::Rng::with_seed(0x5117);
+    let staging = small(&device, Route::Auto, 2);
+    let pipe = host::Pipeline::new(&device, 2).unwrap();
+    let n = (1 << 21) * 3 + 7;
+    for polls in [0, 1, 2, 5] {
+        let mut x = random_floats(n, &mut rng);
+        let mut y = vec![f32::NAN; n];
+        {
+            let mut run = Box::pin(triple(&pipe, &staging, &x, &mut y));
+            poll_n(&mut run, polls);
+        }
+        // Both slices are ours again at once (a thread still touching them
+        // would race with this; valgrind and the sanitizer check).
+        x.fill(1.0);
+        y.fill(2.0);
+        // The pipeline and the engine still work, and the next run is right.
+        let x = random_floats(n, &mut rng);
+        futures::executor::block_on(triple(&pipe, &staging, &x, &mut y)).unwrap();
+        assert_eq!(
+            first_wrong_triple(&x, &y),
+            None,
+            "after dropping at poll {polls}"
+        );
+    }
+}
+
+host::backend_tests!(a_pipeline_over_slices_refuses_bad_arguments_and_reports_stage_errors);
+fn a_pipeline_over_slices_refuses_bad_arguments_and_reports_stage_errors(device: host::Device) {
+    let staging = small(&device, Route::Auto, 1);
+    let pipe = host::Pipeline::new(&device, 2).unwrap();
+    let x = vec![1.0f32; 100];
+    let mut y = vec![f32::NAN; 99];
+    let r = futures::executor::block_on(triple(&pipe, &staging, &x, &mut y));
+    assert!(matches!(r, Err(Error::LengthMismatch { .. })), "{r:?}");
+    assert!(
+        y.iter().all(|v| v.is_nan()),
+        "a refused run wrote the output"
+    );
+
+    let mut y = vec![f32::NAN; 100];
+    let r = futures::executor::block_on(pipe.run_slices(&staging, &x, &mut y, |_, chunk| {
+        chunk.output::<u64>(0).map(drop)
+    }));
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+
+    let other = host::Device::cpu();
+    if device.kind() != host::BackendKind::Cpu {
+        let foreign = small(&other, Route::Auto, 1);
+        let r = futures::executor::block_on(triple(&pipe, &foreign, &x, &mut y));
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    }
+}

@@ -14,7 +14,8 @@ use super::fmt::size;
 use super::plots;
 use super::report::{cell, median, write_json, Meta};
 use host::{
-    Device, DeviceBuffer, PinnedHost, PinnedPool, Registered, Route, Staging, StagingConfig, Stream,
+    Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, Registered, Route,
+    Staging, StagingConfig, Stream, Timeline,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -119,6 +120,23 @@ pub struct Results {
     /// Peak pinned bytes the default engine held, and its bound.
     pub staging_peak_bytes: u64,
     pub staging_bound_bytes: usize,
+    /// `y = 3 x` through a pipeline, from and into ordinary memory
+    /// (`run_slices`) and from and into pinned memory (`run`).
+    pub pipeline: Option<PipelineRow>,
+}
+
+#[derive(Serialize, Clone)]
+pub struct PipelineRow {
+    pub bytes: usize,
+    pub reps: usize,
+    /// Medians, milliseconds.
+    pub slices_ms: f64,
+    pub pinned_ms: f64,
+    /// `pinned_ms / slices_ms`: the ordinary-memory run's speed as a
+    /// fraction of the pinned run's.
+    pub ratio: f64,
+    /// Every element of every run equal to a plain loop's `3 x`.
+    pub verified: bool,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -533,9 +551,11 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let idle_cpu_ms = (cpu_seconds() - c0) * 1e3;
     println!("   CPU used over 500 ms with no copy in flight: {idle_cpu_ms:.1} ms");
 
+    let pipeline = pipeline_row(device, &pool, &src, config)?;
     let sweep = sweep(device, &stream, &pool, &src, config)?;
-    let bad =
-        rows.iter().filter(|r| !r.verified).count() + sweep.iter().filter(|r| !r.verified).count();
+    let bad = rows.iter().filter(|r| !r.verified).count()
+        + sweep.iter().filter(|r| !r.verified).count()
+        + pipeline.iter().filter(|r| !r.verified).count();
     let default = StagingConfig::for_device(device);
     let results = Results {
         meta: Meta::new(device),
@@ -547,6 +567,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         idle_cpu_ms,
         staging_peak_bytes,
         staging_bound_bytes: default.total_bytes(),
+        pipeline,
     };
     write_json(&out.join("staging.json"), &results)?;
     plot(device, &results, out)?;
@@ -556,6 +577,86 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         )));
     }
     Ok(results)
+}
+
+/// `y = 3 x` through a pipeline at the largest size up to 1 GiB: from and
+/// into `Vec`s (`run_slices`, the default engine) against the same run
+/// from and into pinned memory (`run`), every element of every run
+/// checked against a plain loop, outputs poisoned (NaN) before each run.
+fn pipeline_row(
+    device: &Device,
+    pool: &PinnedPool,
+    src: &Sources,
+    config: &Config,
+) -> host::Result<Option<PipelineRow>> {
+    let Some(bytes) = config.sizes.iter().copied().filter(|&b| b <= 1 << 30).max() else {
+        return Ok(None);
+    };
+    let n = bytes / 4;
+    // Integers below 2^23: 3 x is exact, so the bits must match.
+    let x: Vec<f32> = src.a[..n].par_iter().map(|&w| (w >> 9) as f32).collect();
+    let want: Vec<u32> = x.par_iter().map(|v| (v * 3.0).to_bits()).collect();
+    let check = |y: &[f32]| {
+        y.len() == want.len()
+            && y.par_chunks(1 << 16)
+                .zip(want.par_chunks(1 << 16))
+                .all(|(a, b)| a.iter().zip(b).all(|(a, b)| a.to_bits() == *b))
+    };
+    let pipe = Pipeline::new(device, 3)?;
+    let staging = Staging::new(device)?;
+    let mut y = vec![0f32; n];
+    let (mut pin_x, mut pin_y) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
+    pin_x.as_mut_slice().copy_from_slice(&x);
+    let (mut slices, mut pinned, mut verified) = (vec![], vec![], true);
+    for rep in 0..=config.reps {
+        y.par_chunks_mut(1 << 16).for_each(|c| c.fill(f32::NAN));
+        settle();
+        let t0 = Instant::now();
+        host::block_on(pipe.run_slices(&staging, &x, &mut y, |c, chunk| {
+            c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)?;
+            c.kernel(Kernel::Scale { s: 3.0 }, chunk.output::<f32>(0)?)
+        }))?;
+        let t = t0.elapsed().as_secs_f64() * 1e3;
+        verified &= check(&y);
+
+        pin_y
+            .as_mut_slice()
+            .par_chunks_mut(1 << 16)
+            .for_each(|c| c.fill(f32::NAN));
+        settle();
+        let t1 = Instant::now();
+        let ((px, py), _) = host::block_on(pipe.run(
+            pin_x,
+            pin_y,
+            Kernel::Scale { s: 3.0 },
+            Plan::auto_for(n, 3),
+            Timeline::Off,
+        ))?;
+        let tp = t1.elapsed().as_secs_f64() * 1e3;
+        verified &= check(py.as_slice());
+        (pin_x, pin_y) = (px, py);
+        // The pinned run scales its input in place: restore it.
+        pin_x.as_mut_slice().copy_from_slice(&x);
+        if rep > 0 {
+            slices.push(t);
+            pinned.push(tp);
+        }
+    }
+    let (slices_ms, pinned_ms) = (median(&slices), median(&pinned));
+    println!(
+        "\n   pipeline y = 3x at {}: from and into Vecs {slices_ms:.3} ms, pinned {pinned_ms:.3} ms ({:.3}x){}",
+        size(bytes),
+        pinned_ms / slices_ms,
+        if verified { "" } else { " WRONG" }
+    );
+    Ok(Some(PipelineRow {
+        bytes,
+        reps: config.reps,
+        slices_ms,
+        pinned_ms,
+        ratio: pinned_ms / slices_ms,
+        verified,
+    }))
 }
 
 /// The engine's shape swept at one size: threads × block size × blocks,
@@ -575,7 +676,13 @@ fn sweep(
     threads.push(StagingConfig::for_device(device).threads);
     threads.sort_unstable();
     threads.dedup();
-    let shapes = [(8 << 20, 4), (16 << 20, 3), (16 << 20, 4), (32 << 20, 2)];
+    let shapes = [
+        (4 << 20, 8),
+        (8 << 20, 4),
+        (8 << 20, 8),
+        (16 << 20, 4),
+        (32 << 20, 2),
+    ];
     let n = config.sweep_bytes / 4;
     let case = Case {
         stream,
