@@ -490,11 +490,10 @@ fn evict(file: &std::fs::File) {
 host::backend_tests!(direct_and_buffered_reads_give_the_same_bytes_at_any_offset);
 fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Device) {
     let mut rng = fastrand::Rng::with_seed(0xd1ec7);
-    // /tmp, and the build's own directory (a real disk where /tmp is tmpfs).
-    let dirs = [
-        std::env::temp_dir(),
-        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
-    ];
+    // /tmp, and the working directory (a real disk where /tmp is tmpfs;
+    // found at run time: the test may run on another machine than it was
+    // built on).
+    let dirs = [std::env::temp_dir(), std::env::current_dir().unwrap()];
     for (d, base) in dirs.iter().enumerate() {
         let dir = base.join(format!(
             "host-direct-{}-{:?}-{d}",
