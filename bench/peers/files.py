@@ -151,7 +151,9 @@ def main():
     sft = os.path.join(args.dir, "a.safetensors")
     write_safetensors(sft, views)
     pt = os.path.join(args.dir, "a.pt")
-    torch.save({k: torch.from_numpy(v) for k, v in views.items()}, pt)
+    # Separate tensors, as a model's state dict holds them (views of one array would be saved
+    # as one storage).
+    torch.save({k: torch.from_numpy(v).clone() for k, v in views.items()}, pt)
     want_parts = {k: want[i * per:(i + 1) * per] for i, k in enumerate(names)}
     st_bytes = per * parts * 4
     os.sync()
