@@ -166,7 +166,13 @@ def test_direct_and_buffered_reads_are_the_same_bytes(device, tmp_path, direct):
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold: None reads direct
     os.close(fd)
-    assert np.array_equal(host_copy(gpufeed.load(path, device, direct=direct)), a)
+    try:
+        d = gpufeed.load(path, device, direct=direct)
+    except OSError as e:
+        if direct and "O_DIRECT read refused" in str(e):
+            pytest.skip(f"this file system refuses O_DIRECT: {e}")
+        raise
+    assert np.array_equal(host_copy(d), a)
     for first, n in [(0, 1), (1, 4097), (1023, 1_000_003), (5, a.size - 5)]:
         d = gpufeed.read_file(path, "uint32", shape=(n,), offset=128 + 4 * first,
                               device=device, direct=direct)
