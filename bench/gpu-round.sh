@@ -95,6 +95,8 @@ if [ "$mode" = final ]; then
   note "python: the wheel's pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
   PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
   tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
+  PYTHONPATH="$site" timeout 60 python3 bench/peers/is_pinned.py > "$R/logs/is_pinned.json" 2>&1 || note "IS_PINNED PROBE FAILED"
+  cat "$R/logs/is_pinned.json" | tee -a "$R/logs/summary.log"
   STAGING_ARGS=${STAGING_ARGS:---sizes 65536,262144,1048576,16777216,1073741824,4294967296 --sweep-bytes 0}
   PEER_ARGS=${PEER_ARGS:---slow-reps 3}
 fi

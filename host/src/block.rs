@@ -126,6 +126,72 @@ pub fn block_on_spinning<F: Future>(future: F, spin: Duration) -> F::Output {
     }
 }
 
+/// [`block_on`] for at most about `timeout`: polls `future` on the calling
+/// thread until it is ready (`Some`) or `timeout` has passed (`None`; the
+/// future is left as it was, to be polled again or dropped). For a caller
+/// that must look up between waits: Python's signal handlers (Ctrl-C)
+/// while a long operation runs, say.
+#[cfg(not(loom))]
+pub fn block_on_for<F: Future + Unpin>(future: &mut F, timeout: Duration) -> Option<F::Output> {
+    let _blocking = crate::completion::BlockingHere::enter();
+    let deadline = Instant::now() + timeout;
+    let signal = Arc::new(Signal {
+        state: AtomicU8::new(IDLE),
+        thread: thread::current(),
+    });
+    let waker = Waker::from(signal.clone());
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(out) = std::pin::Pin::new(&mut *future).poll(&mut cx) {
+            return Some(out);
+        }
+        let spin = spin_here().min(deadline.saturating_duration_since(Instant::now()));
+        if !wait_until(&signal, spin, deadline) {
+            return None;
+        }
+    }
+}
+
+/// [`wait`] that gives up at `deadline`: whether `signal` was notified.
+/// A wake-up lost to the give-up is harmless: the caller polls the future
+/// again before it next waits.
+#[cfg(not(loom))]
+fn wait_until(signal: &Signal, spin: Duration, deadline: Instant) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < spin {
+        if signal
+            .state
+            .compare_exchange(NOTIFIED, IDLE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+        thread::yield_now();
+    }
+    if signal
+        .state
+        .compare_exchange(IDLE, PARKED, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        signal.state.store(IDLE, Ordering::Relaxed);
+        return true;
+    }
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return signal.state.swap(IDLE, Ordering::Acquire) == NOTIFIED;
+        }
+        thread::park_timeout(deadline - now);
+        if signal
+            .state
+            .compare_exchange(NOTIFIED, IDLE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return true;
+        }
+    }
+}
+
 /// Returns once `signal` was notified (and resets it to idle).
 fn wait(signal: &Signal, spin: Duration) {
     let start = Instant::now();
@@ -257,6 +323,30 @@ mod tests {
             delay,
             done: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    #[test]
+    fn a_bounded_wait_gives_up_at_its_timeout_and_finishes_on_a_later_call() {
+        // Woken only after 300 ms: two 100 ms waits give up, within their
+        // time, leaving the future to be polled again.
+        let mut f = later(3, Duration::from_millis(300));
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            assert_eq!(block_on_for(&mut f, Duration::from_millis(100)), None);
+            let took = t0.elapsed();
+            assert!(
+                took >= Duration::from_millis(100),
+                "gave up early: {took:?}"
+            );
+            assert!(took < Duration::from_secs(2), "gave up late: {took:?}");
+        }
+        // Each give-up polled once more (spawning another waker thread);
+        // the next call finishes once a wake arrives.
+        let got = block_on_for(&mut f, Duration::from_secs(5));
+        assert!(got.is_some());
+        // Ready at once: no wait at all.
+        let mut ready = later(0, Duration::ZERO);
+        assert_eq!(block_on_for(&mut ready, Duration::ZERO), Some(1));
     }
 
     #[test]

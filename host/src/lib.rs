@@ -68,6 +68,8 @@ mod transfer;
 mod workers;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
+#[cfg(not(loom))]
+pub use block::block_on_for;
 pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
 pub use completion::Wait;
 pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};

@@ -11,8 +11,9 @@
 //!   its own ([`Staging::pool_stats`]);
 //! - persistent worker threads ([`StagingConfig::threads`]) that copy each
 //!   block's bytes between the user's memory and the block, every thread a
-//!   fixed slice of the block; they spin between blocks while a copy
-//!   streams and park 2 ms after the last;
+//!   piece of the block as it comes (the thread driving the copy too, from
+//!   the start, so it never waits for a parked worker to wake); they spin
+//!   between blocks while a copy streams and park 2 ms after the last;
 //! - the DMA of block *b* runs while the workers fill block *b + 1*
 //!   (host-to-device), or copy block *b* out while the DMAs of the next
 //!   blocks run (device-to-host), on the engine's own two streams.
@@ -23,10 +24,10 @@
 //! its bandwidth there) and a larger one through the ring. The thresholds
 //! ([`StagingConfig::direct_h2d_below`], [`StagingConfig::direct_d2h_below`])
 //! are where the two routes crossed on the H200 machine (`host staging`,
-//! 2026-12-02): host-to-device the driver's copy won at 256 KiB (8.8
-//! against 6.8 GB/s) and lost at 1 MiB (8.7 against 16.4), so 512 KiB;
-//! device-to-host the driver's own copy is slower (4.3 GB/s at 256 KiB
-//! against 7.3 staged) and won only at 64 KiB, so 128 KiB. Memory copied again
+//! 75b4506, every timed run after a 10 ms pause, so with the workers
+//! parked): the driver's copy won at 256 KiB (host-to-device 3.40 against
+//! 1.87 GB/s staged, device-to-host 4.01 against 2.04) and lost at 1 MiB
+//! (5.39 against 5.86, 5.98 against 6.97), so 512 KiB both ways. Memory copied again
 //! and again is best pinned once ([`crate::Registered`] or a
 //! [`crate::PinnedPool`] buffer) and copied with [`crate::Stream::run`]:
 //! pinning in place costs about 65 ms per GiB, a one-shot staged copy none.
@@ -66,7 +67,7 @@ pub const DEFAULT_BLOCKS: usize = 4;
 /// Default size below which [`Route::Auto`] copies host-to-device directly.
 pub const DEFAULT_DIRECT_H2D_BELOW: usize = 512 << 10;
 /// Default size below which [`Route::Auto`] copies device-to-host directly.
-pub const DEFAULT_DIRECT_D2H_BELOW: usize = 128 << 10;
+pub const DEFAULT_DIRECT_D2H_BELOW: usize = 512 << 10;
 /// Most worker threads an engine starts.
 pub const MAX_STAGING_THREADS: usize = 256;
 /// The default worker count never exceeds this: past it the host copies
@@ -114,7 +115,7 @@ impl StagingConfig {
     /// The default for `device`: 4 blocks of 8 MiB; workers on three
     /// quarters of the CPUs of the GPU's NUMA node (of all CPUs when it has
     /// none), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct copies
-    /// below 512 KiB host-to-device and 128 KiB device-to-host.
+    /// below 512 KiB both ways.
     ///
     /// Measured on the H200 machine (16 cores, 1 GiB, `host staging`'s
     /// sweep): 8-12 workers reached 47-53 GB/s host-to-device and 44-47
@@ -593,7 +594,7 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn h2d_blocking<T: Pod>(&self, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
-        crate::block::block_on(self.h2d(src, dst))
+        self.h2d(src, dst).wait_here()
     }
 
     /// [`Staging::d2h`] for synchronous code: returns when the data is in
@@ -602,7 +603,7 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
-        crate::block::block_on(self.d2h(src, dst))
+        self.d2h(src, dst).wait_here()
     }
 
     /// A copy of `len` values at element `at` of `buf`, the other side in
@@ -806,6 +807,17 @@ impl<'a> StagedCopy<'a> {
             _ => 0,
         };
         (self.total - self.next).min(self.engine.config.block_bytes - skew)
+    }
+
+    /// Runs the copy on the calling thread: a direct copy (or a refusal)
+    /// ends in the first poll, without [`crate::block_on`]'s set-up; a
+    /// staged one goes on under it.
+    fn wait_here(mut self) -> Result<()> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self).poll(&mut cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => crate::block::block_on(self),
+        }
     }
 
     fn fail_unless(&mut self, check: Result<()>) {

@@ -13,6 +13,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 /// One buffer an operation owns.
 pub enum Slot {
@@ -95,35 +96,42 @@ impl Pending {
         }
     }
 
-    /// Waits (the caller has released the GIL) and splits the outcome into
-    /// the result and the slots handed back.
-    pub fn block(self) -> (Result<Info, Error>, Option<Vec<Slot>>) {
+    /// Waits up to `timeout` (the caller has released the GIL): the
+    /// outcome split into the result and the slots handed back, or `None`
+    /// when it isn't done yet (then it can be waited for again).
+    pub fn block_for(&mut self, timeout: Duration) -> Option<Outcome> {
         fn split<B, R>(
             r: Result<(B, R), JobError<B>>,
             slots: impl Fn(B) -> Vec<Slot>,
             info: impl Fn(&R) -> Info,
-        ) -> (Result<Info, Error>, Option<Vec<Slot>>) {
+        ) -> Outcome {
             match r {
                 Ok((b, v)) => (Ok(info(&v)), Some(slots(b))),
                 Err(JobError { error, bundle }) => (Err(error), bundle.map(slots)),
             }
         }
-        use host::block_on;
+        use host::block_on_for;
         match self {
-            Pending::Batch(j) => split(block_on(j), |b| b, |_| None),
-            Pending::Run(j) => split(
-                block_on(j),
-                |(i, o)| vec![Slot::Host(i.mem), Slot::Host(o.mem)],
-                info,
-            ),
-            Pending::RunDev(j) => split(
-                block_on(j),
-                |((i,), o)| vec![Slot::Host(i.mem), Slot::Dev(o.0)],
-                info,
-            ),
+            Pending::Batch(j) => block_on_for(j, timeout).map(|r| split(r, |b| b, |_| None)),
+            Pending::Run(j) => block_on_for(j, timeout)
+                .map(|r| split(r, |(i, o)| vec![Slot::Host(i.mem), Slot::Host(o.mem)], info)),
+            Pending::RunDev(j) => block_on_for(j, timeout)
+                .map(|r| split(r, |((i,), o)| vec![Slot::Host(i.mem), Slot::Dev(o.0)], info)),
         }
     }
 }
+
+/// A finished operation: its result, and the slots handed back (`None`
+/// when its end could not be observed).
+pub type Outcome = (Result<Info, Error>, Option<Vec<Slot>>);
+
+/// A wait a signal handler's exception stopped: the operation, still in
+/// flight, and the exception.
+type Interrupted = Box<(Box<Pending>, PyErr)>;
+
+/// How long a blocking wait runs between looks at Python's signal
+/// handlers: Ctrl-C interrupts a wait within about this.
+const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 enum OpState {
     Pending(Box<Pending>),
@@ -172,8 +180,25 @@ impl Operation {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finish(&self, py: Python<'_>, pending: Pending) -> Result<Info, Error> {
-        let (result, slots) = py.detach(|| pending.block());
+    /// Waits for `pending` (GIL released, Python's signal handlers run
+    /// every [`SIGNAL_CHECK`]) and hands the buffers back. `Err(Ok(_))`:
+    /// a handler raised (Ctrl-C): the operation is still in flight, handed
+    /// back with the exception.
+    fn finish(
+        &self,
+        py: Python<'_>,
+        mut pending: Box<Pending>,
+    ) -> Result<Result<Info, Error>, Interrupted> {
+        let (result, slots) = loop {
+            match py.detach(|| pending.block_for(SIGNAL_CHECK)) {
+                Some(outcome) => break outcome,
+                None => {
+                    if let Err(e) = py.check_signals() {
+                        return Err(Box::new((pending, e)));
+                    }
+                }
+            }
+        };
         let why = "leaked: the end of the device work could not be observed, so the memory was \
                    kept rather than freed under the device";
         match slots {
@@ -188,7 +213,7 @@ impl Operation {
                 }
             }
         }
-        result
+        Ok(result)
     }
 }
 
@@ -218,27 +243,57 @@ impl Operation {
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let taken = std::mem::replace(&mut *self.lock(), OpState::Waiting);
         let result = match taken {
-            OpState::Pending(p) => {
-                let r = self.finish(py, *p);
-                *self.lock() = OpState::Done(r.clone());
-                self.finished.notify_all();
-                r
-            }
+            OpState::Pending(p) => match self.finish(py, p) {
+                Ok(r) => {
+                    *self.lock() = OpState::Done(r.clone());
+                    self.finished.notify_all();
+                    r
+                }
+                // Interrupted (Ctrl-C): still pending, safe to wait for
+                // again or to drop; another waiter takes over.
+                Err(interrupted) => {
+                    let (p, e) = *interrupted;
+                    *self.lock() = OpState::Pending(p);
+                    self.finished.notify_all();
+                    return Err(e);
+                }
+            },
             OpState::Done(r) => {
                 *self.lock() = OpState::Done(r.clone());
                 r
             }
             // Another thread (an asyncio executor whose `await` was
             // cancelled, say) is waiting: wait for it to finish, GIL released.
-            OpState::Waiting => py.detach(|| {
-                let mut s = self.lock();
-                loop {
-                    match &*s {
-                        OpState::Done(r) => break r.clone(),
-                        _ => s = self.finished.wait(s).unwrap_or_else(|p| p.into_inner()),
+            OpState::Waiting => {
+                let done = loop {
+                    let look = py.detach(|| {
+                        let s = self.lock();
+                        let s = match &*s {
+                            OpState::Waiting => {
+                                self.finished
+                                    .wait_timeout(s, SIGNAL_CHECK)
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .0
+                            }
+                            _ => s,
+                        };
+                        match &*s {
+                            OpState::Done(r) => Some(Some(r.clone())),
+                            // The other waiter was interrupted: wait ourselves.
+                            OpState::Pending(_) => Some(None),
+                            OpState::Waiting => None,
+                        }
+                    });
+                    match look {
+                        Some(done) => break done,
+                        None => py.check_signals()?,
                     }
+                };
+                match done {
+                    Some(r) => r,
+                    None => return self.wait(py),
                 }
-            }),
+            }
         };
         info_to_py(py, result.map_err(to_py)?)
     }
@@ -281,8 +336,15 @@ impl Drop for Operation {
         if let OpState::Pending(p) = state {
             Python::attach(|py| {
                 if p.is_done() {
-                    // Nothing to wait for: hand the buffers back.
-                    let _ = self.finish(py, *p);
+                    // Nothing to wait for: hand the buffers back (a
+                    // signal handler's exception can't be raised here: the
+                    // operation then goes as an unfinished one does).
+                    if let Err(interrupted) = self.finish(py, p) {
+                        drop(interrupted);
+                        for o in &self.owners {
+                            o.restore(py, None, "released with its Operation");
+                        }
+                    }
                 } else {
                     // The job's own drop defers the release to the completion.
                     drop(p);
@@ -950,9 +1012,18 @@ impl Stream {
         self.submit_one(py, ("saxpy", a, x, y))
     }
 
-    /// Waits (GIL released) for all work queued on the stream.
+    /// Waits (GIL released) for all work queued on the stream. Ctrl-C
+    /// (any exception a signal handler raises) interrupts the wait, not the
+    /// work.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.synchronize()).py()
+        let end = self.inner.record().py()?;
+        let mut done = end.wait();
+        loop {
+            match py.detach(|| host::block_on_for(&mut done, SIGNAL_CHECK)) {
+                Some(r) => return r.py(),
+                None => py.check_signals()?,
+            }
+        }
     }
 
     /// The stream's device.

@@ -85,7 +85,7 @@ fn dtype_of(view: &ContiguousView) -> PyResult<DType> {
 ///
 /// Large arrays go through the staging ring (parallel host copies
 /// overlapped with the DMAs: the link's speed from ordinary memory); small
-/// ones (below 512 KiB; 128 KiB back) as one driver copy. The result exports to PyTorch
+/// ones (below 512 KiB) as one driver copy. The result exports to PyTorch
 /// and CuPy without a copy (`torch.from_dlpack(arr)`, `cupy.asarray(arr)`).
 ///
 /// Raises `BufferError` for a non-contiguous object, `TypeError` for an

@@ -2,7 +2,9 @@
 pin-in-place, the ownership rules, copies/launches/pipeline, bad input."""
 import asyncio
 import gc
+import _thread
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -426,3 +428,49 @@ def test_bad_input(device, alloc):
 def test_compare_sync_async():
     r = gpufeed.compare_sync_async(200_000)
     assert r["correct"] is True and r["sync_ms"] > 0 and r["async_ms"] > 0
+
+
+def _long_operation(device, alloc, seconds):
+    """A batch of intensity kernels that runs for about `seconds` (sized from
+    a timed short run), ending in a copy back into a poisoned pinned array."""
+    n = 1 << 20
+    dev = device.empty(n)
+    src, dst = alloc.alloc(n), alloc.alloc(n)
+    src.get_array()[:] = 1.0
+    s = gpufeed.Stream(device)
+    t0 = time.perf_counter()
+    s.submit(("h2d", src, dev), ("intensity", dev, 16)).wait()
+    per_16 = max(time.perf_counter() - t0, 1e-6)
+    k = 16
+    while k * per_16 / 16 < seconds and k < (1 << 30):
+        k *= 2
+    dst.get_array()[:] = np.nan
+    op = s.submit(("h2d", src, dev), ("intensity", dev, k), ("d2h", dev, dst))
+    return op, s, (src, dst, dev)
+
+
+def test_ctrl_c_interrupts_a_blocking_wait_and_the_operation_stays_safe(device, alloc):
+    op, s, (src, dst, dev) = _long_operation(device, alloc, 3.0)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    t0 = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        op.wait()
+    latency = time.perf_counter() - t0 - 0.3
+    assert latency < 0.2, f"Ctrl-C took {latency:.3f} s to interrupt the wait"
+    # Interrupted, not finished: the buffers are still the operation's.
+    assert dst.state == "in-flight"
+    with pytest.raises(BufferError):
+        np.asarray(dst)
+    # Waiting again finishes it; every element is the kernel's result.
+    assert op.wait() is None
+    out = np.asarray(dst)
+    assert np.isfinite(out).all() and (out == out[0]).all()
+    # A stream's synchronize is interruptible too, and the work goes on.
+    op2, s2, _ = _long_operation(device, alloc, 3.0)
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        s2.synchronize()
+    assert time.perf_counter() - t0 - 0.3 < 0.2
+    assert op2.wait() is None
