@@ -14,7 +14,7 @@ rm -rf "$venv"
 "$py" -m venv "$venv"
 vpy="$venv/bin/python"
 "$vpy" -m pip install --quiet --disable-pip-version-check \
-    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5"
+    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5" "safetensors==0.8.0"
 # A debug build keeps CI short; the shared target dir avoids rebuilding `host`.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/../target}"
 # Build the abi3 wheel (debug profile: CI time) and install it into the venv,
