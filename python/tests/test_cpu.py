@@ -488,19 +488,24 @@ def test_compare_sync_async():
 
 
 def _long_operation(device, alloc, seconds):
-    """A batch of intensity kernels that runs for about `seconds` (sized from
-    a timed short run), ending in a copy back into a poisoned pinned array."""
+    """A batch of intensity kernels that runs for about `seconds` (k sized
+    from timed runs long enough that launch costs don't count), ending in a
+    copy back into a poisoned pinned array."""
     n = 1 << 20
     dev = device.empty(n)
     src, dst = alloc.alloc(n), alloc.alloc(n)
     src.get_array()[:] = 1.0
     s = gpufeed.Stream(device)
-    t0 = time.perf_counter()
-    s.submit(("h2d", src, dev), ("intensity", dev, 16)).wait()
-    per_16 = max(time.perf_counter() - t0, 1e-6)
+    s.submit(("h2d", src, dev)).wait()
     k = 16
-    while k * per_16 / 16 < seconds and k < (1 << 30):
-        k *= 2
+    while True:
+        t0 = time.perf_counter()
+        s.submit(("intensity", dev, k)).wait()
+        took = time.perf_counter() - t0
+        if took >= 0.2 or k >= (1 << 28):
+            break
+        k *= 4
+    k = min(int(k * seconds / max(took, 1e-6)), (1 << 31) - 1)
     dst.get_array()[:] = np.nan
     op = s.submit(("h2d", src, dev), ("intensity", dev, k), ("d2h", dev, dst))
     return op, s, (src, dst, dev)
@@ -514,6 +519,7 @@ def test_ctrl_c_interrupts_a_blocking_wait_and_the_operation_stays_safe(device, 
     with pytest.raises(KeyboardInterrupt):
         op.wait()
     latency = time.perf_counter() - t0 - 0.3
+    assert not op.done(), "the operation ended before the interrupt: too short to test"
     assert latency < 0.2, f"Ctrl-C took {latency:.3f} s to interrupt the wait"
     # Interrupted, not finished: the buffers are still the operation's.
     assert dst.state == "in-flight"
