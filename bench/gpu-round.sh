@@ -22,12 +22,23 @@
 #   bash bench/gpu-round.sh final   what fits one call on the commit submitted: the GPU tests
 #                                   (REQUIRE_GPU=1), memcheck on the staging and soundness suites,
 #                                   the wheel's pytest, then the staging round's measurements
-#                                   (fewer sizes, no shape sweep) and the files peer
-#   bash bench/gpu-round.sh loader  the loader round (also part of final): the loader tests
+#                                   (fewer sizes, no shape sweep), `host files` and the files peer
+#                                   (as in `files`, without its tests)
+#   bash bench/gpu-round.sh files   files to the GPU: the staging tests (REQUIRE_GPU=1, the O_DIRECT
+#                                   ones included), the wheel's file tests, `host files` at 4 GiB
+#                                   (warm, cold O_DIRECT / buffered, the disk's own O_DIRECT rate)
+#                                   and bench/peers/files.py (KvikIO, np.load, torch.load,
+#                                   safetensors; 4 GiB) on the repository's disk. KvikIO's wheels
+#                                   (kvikio-cu13, libkvikio-cu13, rapids-logger, cuda-pathfinder,
+#                                   nvidia-cufile) come in .gpu/wheels/extra (EXTRA_WHEELS=... when
+#                                   bundling); libcufile from nvidia-cufile is put on
+#                                   LD_LIBRARY_PATH so that the GPUDirect Storage probe finds it
+#   bash bench/gpu-round.sh loader  the loader round (its own call: final has no time left): the tests
 #                                   (REQUIRE_GPU=1) and memcheck on them, the wheel's
 #                                   test_loader.py, bench/peers/loader.py, examples/train.py
 #   bash bench/gpu-round.sh measure the staging round's measurements alone (no tests, no sanitizer):
-#                                   `host staging` and the Python peers (files with FILES=1)
+#                                   `host staging` and the Python peer (`host files` and the files
+#                                   peer with FILES=1)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -110,14 +121,31 @@ if [ "$mode" = staging ] || [ "$mode" = final ] || [ "$mode" = measure ]; then
   # at once after their work instead of spinning on the cores the copies use.
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
-  if [ "$mode" != measure ] || [ "${FILES:-0}" = 1 ]; then
-  note "files: gpufeed.load / load_safetensors against np.load + .cuda() and safetensors, warm and cold"
-  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 300 python3 bench/peers/files.py --out "$S/python-files.json" > "$S/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
-  cat "$S/python-files.log" | tee -a "$R/logs/summary.log"
-  fi
 fi
 
-if [ "$mode" = loader ] || [ "$mode" = final ]; then
+if [ "$mode" = files ] || [ "$mode" = final ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; then
+  FD="$R/files"; mkdir -p "$FD"
+  # The files on the repository's disk (not $OUT: nothing big comes back; /tmp may be tmpfs).
+  scratch="$PWD/.files-scratch"; mkdir -p "$scratch"
+  cufile_lib=$(ls -d "$site"/nvidia/cufile/lib 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH="${cufile_lib:+$cufile_lib:}${LD_LIBRARY_PATH:-}"
+  if [ "$mode" = files ]; then
+    note "files: staging tests (O_DIRECT ones included), the wheel's file tests"
+    exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
+    TMPDIR="$scratch" REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$FD/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
+    grep "^test result" "$FD/staging_tests.log" | tee -a "$R/logs/summary.log"
+    PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider --basetemp "$scratch/pytest" python/tests/test_files.py > "$FD/python-files-tests.log" 2>&1 || { fail=1; note "PYTHON FILES TESTS FAILED"; }
+    tail -2 "$FD/python-files-tests.log" | tee -a "$R/logs/summary.log"
+  fi
+  note "files: host files (4 GiB), then the Python peers (KvikIO, np.load, torch.load, safetensors; 4 GiB)"
+  timeout 300 .gpu/bin/host --out-dir "$FD" files --dir "$scratch" ${FILES_ARGS:---bytes 4294967296} > "$FD/files.log" 2>&1 || { fail=1; note "HOST FILES FAILED"; }
+  grep -vE "^wrote" "$FD/files.log" | tee -a "$R/logs/summary.log"
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 250 python3 bench/peers/files.py --dir "$scratch" --out "$FD/python-files.json" ${FILES_PEER_ARGS:-} > "$FD/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
+  cat "$FD/python-files.log" | tee -a "$R/logs/summary.log"
+  rm -rf "$scratch"
+fi
+
+if [ "$mode" = loader ]; then
   L="$R/loader"; mkdir -p "$L"
   note "loader: tests, memcheck, the wheel's loader tests, the benchmark, the training demonstration"
   exe=$(ls .gpu/tests/loader-* 2>/dev/null | head -1)
@@ -132,7 +160,7 @@ if [ "$mode" = loader ] || [ "$mode" = final ]; then
   tail -1 "$L/train.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != loader ] && [ "$mode" != measure ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != loader ] && [ "$mode" != measure ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

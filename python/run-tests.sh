@@ -14,7 +14,7 @@ rm -rf "$venv"
 "$py" -m venv "$venv"
 vpy="$venv/bin/python"
 "$vpy" -m pip install --quiet --disable-pip-version-check \
-    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5"
+    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5" "safetensors==0.8.0"
 # PyTorch, for the loader's tests against torch.utils.data (DistributedSampler,
 # a 2-rank gloo run, the training example). PyPI's wheel: the only index these
 # machines reach (it brings CUDA libraries, unused without a GPU): about 2

@@ -136,6 +136,27 @@ impl Draining {
     }
 }
 
+/// The frees and unregistrations of a device's memory that failed (see
+/// [`Device::release_failures`](crate::Device::release_failures)): those
+/// made on drop, which have no caller to return an error to, and those
+/// whose error an explicit form (`try_into_inner`) returned. Each is also
+/// logged (`log::warn!`, target `host::release`).
+#[derive(Default)]
+pub(crate) struct ReleaseFailures(std::sync::atomic::AtomicU64);
+
+impl ReleaseFailures {
+    /// Counts and logs one failed release: `what` failed with `error`.
+    pub fn note(&self, what: &str, error: &crate::Error) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        log::warn!(target: "host::release", "{what} failed: {error}");
+    }
+
+    /// The failures counted so far.
+    pub fn count(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// Timing and completion of a recorded point in a stream.
 pub(crate) struct RawEvent {
     pub completion: Completion,
@@ -236,7 +257,13 @@ pub(crate) trait Backend: Send + Sync {
     fn ordered_bytes_in_use(&self) -> Option<u64> {
         None
     }
+    /// Makes the next `n` host frees or unregistrations report a failure
+    /// (after doing their work): a test hook, a no-op where unsupported.
+    #[cfg(feature = "hooks")]
+    fn plant_release_failures(&self, _n: usize) {}
     fn info(&self) -> &DeviceInfo;
+    /// The device's count of failed frees and unregistrations.
+    fn release_failures(&self) -> &ReleaseFailures;
     /// The first unrecoverable error, if the context is broken.
     fn broken(&self) -> Option<crate::Error>;
     /// For a backend to recognise another of its kind (peer copies): the
@@ -261,9 +288,14 @@ pub(crate) trait Backend: Send + Sync {
     /// # Safety
     /// `alloc` came from `alloc_host` of this backend and is no longer used.
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()>;
+    /// Pins `ptr..ptr+bytes` in place; returns whether its pages are locked
+    /// (always on CUDA; false on the CPU emulation when the memlock limit
+    /// refused and its [`LockPolicy`](crate::LockPolicy) allowed unlocked
+    /// memory).
+    ///
     /// # Safety
     /// `ptr..ptr+bytes` (`bytes > 0`) is valid host memory that stays put until `unregister_host`.
-    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool>;
     /// # Safety
     /// `ptr` was registered with `register_host` and no operation uses it.
     unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;

@@ -3,7 +3,13 @@
 //!
 //! - Pinned memory: `mmap` + `mlock` (page-locked). When the memlock limit
 //!   refuses, [`LockPolicy`] decides: a [`Error::LockFailed`] naming the limit,
-//!   or unlocked memory that is reported as such (`PinnedBuffer::is_locked`).
+//!   or unlocked memory that is reported as such (`PinnedBuffer::is_locked`,
+//!   `Registered::is_locked`).
+//! - Registration (pin in place): `mlock` of the range, `munlock` at the
+//!   end. The kernel's page locks are not counted, and two registered
+//!   ranges may share a page (two small `Vec`s): the ranges locked by every
+//!   emulated device are kept in one counted set ([`LOCKED`]), and an
+//!   unregistration unlocks only the pages no other locked range covers.
 //! - Device memory: ordinary host memory; device addresses are host addresses.
 //! - Streams: one worker thread each, running its queue in order, so copies
 //!   are asynchronous for the caller. Events complete when the worker reaches
@@ -21,7 +27,7 @@ use crate::backend::{
 use crate::completion::{lock, Completion};
 use crate::error::{Error, Result};
 use std::alloc::Layout;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -64,6 +70,86 @@ pub(crate) struct CpuBackend {
     info: DeviceInfo,
     policy: LockPolicy,
     device_allocs: Mutex<HashMap<u64, Layout>>,
+    release_failures: crate::backend::ReleaseFailures,
+    /// Host frees or unregistrations still to report a failure (a test hook).
+    #[cfg(feature = "hooks")]
+    planted_failures: std::sync::atomic::AtomicUsize,
+}
+
+/// The byte ranges `[start, end)` the emulation has locked (allocations and
+/// registrations of every emulated device in the process), each with how
+/// many times it is locked now. `mlock` is not counted by the kernel: a page
+/// is unlocked by any `munlock` of it. Unregistering a range therefore
+/// unlocks only those of its pages that no other range here covers, and
+/// mlock, munlock and changes of the set happen under its lock, so an
+/// unregistration never unlocks a page another registration has just
+/// locked. (Pages the program locked itself, outside the emulation, are not
+/// known here.)
+static LOCKED: Mutex<BTreeMap<(usize, usize), usize>> = Mutex::new(BTreeMap::new());
+
+/// The whole pages of `[start, end)`.
+fn page_span((start, end): (usize, usize)) -> (usize, usize) {
+    let page = crate::numa::page_size();
+    let first = start - start % page;
+    let last = end.div_ceil(page).saturating_mul(page);
+    (first, last)
+}
+
+/// The ranges of `span`'s pages that no range in `locked` touches, in order.
+fn uncovered_pages(
+    locked: &BTreeMap<(usize, usize), usize>,
+    span: (usize, usize),
+) -> Vec<(usize, usize)> {
+    let (first, last) = page_span(span);
+    let mut covers: Vec<(usize, usize)> = locked
+        .keys()
+        .map(|&r| page_span(r))
+        .filter(|&(s, e)| s < last && e > first)
+        .collect();
+    covers.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = first;
+    for (s, e) in covers {
+        if s > at {
+            out.push((at, s.min(last)));
+        }
+        at = at.max(e);
+        if at >= last {
+            break;
+        }
+    }
+    if at < last {
+        out.push((at, last));
+    }
+    out
+}
+
+/// Unlocks the pages of `span` that no range in `locked` covers.
+fn unlock_uncovered(locked: &BTreeMap<(usize, usize), usize>, span: (usize, usize)) -> Result<()> {
+    let mut first_error = None;
+    for (s, e) in uncovered_pages(locked, span) {
+        // SAFETY: munlock changes no memory, only whether pages may be
+        // swapped; the pages are in the caller's mapped range.
+        if unsafe { libc::munlock(s as *const libc::c_void, e - s) } != 0 {
+            first_error.get_or_insert_with(std::io::Error::last_os_error);
+        }
+    }
+    first_error.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// Takes one count of `span` out of `locked`; whether it was there.
+fn forget_range(locked: &mut BTreeMap<(usize, usize), usize>, span: (usize, usize)) -> bool {
+    match locked.get_mut(&span) {
+        Some(n) if *n > 1 => {
+            *n -= 1;
+            true
+        }
+        Some(_) => {
+            locked.remove(&span);
+            true
+        }
+        None => false,
+    }
 }
 
 impl CpuBackend {
@@ -99,15 +185,51 @@ impl CpuBackend {
             },
             policy,
             device_allocs: Mutex::new(HashMap::new()),
+            release_failures: Default::default(),
+            #[cfg(feature = "hooks")]
+            planted_failures: Default::default(),
         }
     }
 
+    /// A failure planted by the test hook, if one is left to report.
+    fn planted_failure(&self) -> Result<()> {
+        #[cfg(feature = "hooks")]
+        {
+            use std::sync::atomic::Ordering;
+            let planted = &self.planted_failures;
+            if planted
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(Error::Internal(
+                    "a release failure planted by a test (hooks)".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Locks `ptr..ptr+bytes` and counts it in [`LOCKED`]; whether it is
+    /// locked (false: refused, and the policy allows unlocked memory).
     fn lock_range(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
+        let span = (ptr as usize, ptr as usize + bytes);
+        // Counted before it is locked, so an unregistration meanwhile leaves
+        // its pages locked; the mlock itself (which faults every page in)
+        // runs outside the set's lock.
+        *lock(&LOCKED).entry(span).or_default() += 1;
         // SAFETY: ptr..ptr+bytes is mapped memory (callers).
         if unsafe { libc::mlock(ptr.cast(), bytes) } == 0 {
             return Ok(true);
         }
         let err = std::io::Error::last_os_error();
+        {
+            let mut locked = lock(&LOCKED);
+            forget_range(&mut locked, span);
+            // A refusal may have locked part of the range: unlock what no
+            // other locked range covers (a best effort; the refusal is what
+            // counts).
+            let _ = unlock_uncovered(&locked, span);
+        }
         match self.policy {
             LockPolicy::BestEffort => Ok(false),
             LockPolicy::Require => Err(Error::LockFailed {
@@ -157,6 +279,16 @@ pub fn memlock_limit() -> MemlockLimit {
 }
 
 impl Backend for CpuBackend {
+    #[cfg(feature = "hooks")]
+    fn plant_release_failures(&self, n: usize) {
+        self.planted_failures
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn release_failures(&self) -> &crate::backend::ReleaseFailures {
+        &self.release_failures
+    }
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -212,22 +344,38 @@ impl Backend for CpuBackend {
     }
 
     unsafe fn free_host(&self, alloc: &HostAlloc) -> Result<()> {
+        if alloc.locked {
+            // Our own mapping: its pages are unlocked by the munmap, and no
+            // other range shares them.
+            forget_range(
+                &mut lock(&LOCKED),
+                (alloc.ptr as usize, alloc.ptr as usize + alloc.bytes),
+            );
+        }
         // SAFETY: our mapping, unused (caller). munlock is implied by munmap.
         if unsafe { libc::munmap(alloc.ptr.cast(), alloc.bytes) } != 0 {
             return Err(std::io::Error::last_os_error().into());
         }
-        Ok(())
+        self.planted_failure()
     }
 
-    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
         self.shared.usable()?;
-        self.lock_range(ptr, bytes).map(|_| ())
+        self.lock_range(ptr, bytes)
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        // SAFETY: the range was registered (caller); munlock of an unlocked range is harmless.
-        unsafe { libc::munlock(ptr.cast(), bytes) };
-        Ok(())
+        let span = (ptr as usize, ptr as usize + bytes);
+        let mut locked = lock(&LOCKED);
+        // Not in the set: registered unlocked (the policy allowed it),
+        // nothing to unlock.
+        if forget_range(&mut locked, span) {
+            // The range was registered (caller): only its pages that no
+            // other locked range covers are unlocked.
+            unlock_uncovered(&locked, span)?;
+        }
+        drop(locked);
+        self.planted_failure()
     }
 
     unsafe fn mapped_device_ptr(&self, ptr: *mut u8) -> Result<u64> {

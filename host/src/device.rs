@@ -132,6 +132,29 @@ impl Device {
         self.live_buffers.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How many frees and unregistrations of this device's memory have
+    /// failed (every handle of the device, and every pool, buffer and
+    /// registration made on it, counts here): those on drop paths, which
+    /// have no caller to return their error to, and those an explicit form
+    /// returned ([`Registered::try_into_inner`](crate::Registered::try_into_inner),
+    /// [`RegisteredRaw::try_into_owner`](crate::interop::RegisteredRaw::try_into_owner)).
+    /// Each is also logged with the `log` crate (`warn`, target
+    /// `host::release`), which the library does not install a logger for.
+    /// A pool counts its own failed frees as well
+    /// ([`PoolStats::failed_frees`](crate::PoolStats::failed_frees)).
+    pub fn release_failures(&self) -> u64 {
+        self.backend.release_failures().count()
+    }
+
+    /// A test hook: the next `n` frees or unregistrations of host memory on
+    /// this device report a failure after doing their work (CPU emulation
+    /// only; a no-op on CUDA).
+    #[cfg(feature = "hooks")]
+    #[doc(hidden)]
+    pub fn plant_release_failures(&self, n: usize) {
+        self.backend.plant_release_failures(n);
+    }
+
     /// The first unrecoverable error, if the context is broken.
     pub fn broken(&self) -> Option<Error> {
         self.backend.broken()

@@ -133,11 +133,16 @@ pub unsafe fn device_slice_mut<'a, T>(
 /// NumPy array's memory from being freed or resized) is dropped only after
 /// the range has been unregistered, so a job that holds the guard keeps the
 /// memory alive and registered until the GPU is done with it.
+///
+/// A failed unregistration on drop (or in [`RegisteredRaw::into_owner`]) is
+/// counted in [`Device::release_failures`] and logged;
+/// [`RegisteredRaw::try_into_owner`] returns it.
 pub struct RegisteredRaw {
     ptr: *mut u8,
     bytes: usize,
     device: Device,
     owner: Option<Box<dyn Send>>,
+    locked: bool,
 }
 
 // SAFETY: the guard stands for exclusive use of the range (the contract of
@@ -150,6 +155,7 @@ impl std::fmt::Debug for RegisteredRaw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegisteredRaw")
             .field("bytes", &self.bytes)
+            .field("locked", &self.locked)
             .finish()
     }
 }
@@ -175,16 +181,26 @@ impl RegisteredRaw {
         if let Some(e) = device.broken() {
             return Err(e);
         }
-        if bytes > 0 {
+        let locked = if bytes > 0 {
             // SAFETY: the caller's contract: valid and unmoved until unregistered.
-            unsafe { device.backend.register_host(ptr, bytes)? };
-        }
+            unsafe { device.backend.register_host(ptr, bytes)? }
+        } else {
+            true // nothing to lock
+        };
         Ok(RegisteredRaw {
             ptr,
             bytes,
             device: device.clone(),
             owner: Some(owner),
+            locked,
         })
+    }
+
+    /// Whether the range's pages are locked: always on CUDA; false only on
+    /// the CPU emulation when locking was refused (the memlock limit) and the
+    /// device's [`LockPolicy`](crate::LockPolicy) allowed unlocked memory.
+    pub fn is_locked(&self) -> bool {
+        self.locked
     }
 
     /// Size in bytes.
@@ -204,17 +220,40 @@ impl RegisteredRaw {
         &self.device
     }
 
-    /// Unregisters and gives the owner back.
-    pub fn into_owner(mut self) -> Box<dyn Send> {
+    /// Unregisters and gives the owner back. A failed unregistration is
+    /// counted ([`Device::release_failures`]) and logged;
+    /// [`RegisteredRaw::try_into_owner`] returns it instead.
+    pub fn into_owner(self) -> Box<dyn Send> {
+        match self.try_into_owner() {
+            Ok(owner) => owner,
+            Err((_, owner)) => owner, // counted and logged by try_into_owner
+        }
+    }
+
+    /// Unregisters and gives the owner back, or the unregistration's error
+    /// with the owner. The failure is counted in
+    /// [`Device::release_failures`] too.
+    ///
+    /// # Errors
+    /// The backend's error from unregistering the range.
+    #[allow(clippy::result_large_err)] // the owner comes back either way
+    pub fn try_into_owner(mut self) -> std::result::Result<Box<dyn Send>, (Error, Box<dyn Send>)> {
+        let mut r = Ok(());
         if self.bytes > 0 {
             // SAFETY: registered in `new`; `self` by value: no view is alive,
             // and a job holding the guard hands it back only at completion.
-            if let Err(e) = unsafe { self.device.backend.unregister_host(self.ptr, self.bytes) } {
-                eprintln!("warning: unregistering host memory failed: {e}");
+            r = unsafe { self.device.backend.unregister_host(self.ptr, self.bytes) };
+            if let Err(e) = &r {
+                let failures = self.device.backend.release_failures();
+                failures.note("unregistering host memory", e);
             }
             self.bytes = 0;
         }
-        self.owner.take().unwrap_or_else(|| Box::new(()))
+        let owner = self.owner.take().unwrap_or_else(|| Box::new(()));
+        match r {
+            Ok(()) => Ok(owner),
+            Err(e) => Err((e, owner)),
+        }
     }
 }
 
@@ -236,7 +275,8 @@ impl Drop for RegisteredRaw {
             )
         };
         if let Err(e) = r {
-            eprintln!("warning: unregistering host memory failed: {e}");
+            let failures = self.device.backend.release_failures();
+            failures.note("unregistering host memory", &e);
         }
     }
 }

@@ -45,8 +45,10 @@ mod completion;
 mod cpu;
 mod cuda;
 mod device;
+mod direct_io;
 mod error;
 mod fork;
+mod gds;
 pub mod guarantees;
 pub mod interop;
 mod kernel;
@@ -77,6 +79,7 @@ pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
 pub use device::Device;
 pub use error::{Error, JobError, Result};
+pub use gds::{gds_status, GdsStatus};
 pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
 pub use kernel_abi;
@@ -100,8 +103,9 @@ pub use pipeline::{
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{
-    Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
-    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, MAX_STAGING_THREADS,
+    FileIo, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
+    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN,
+    DIRECT_IO_MIN_BYTES, MAX_STAGING_THREADS,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

@@ -60,6 +60,24 @@ enum Cmd {
         #[arg(long)]
         sweep_bytes: Option<usize>,
     },
+    /// A file to the device through the staging ring, warm (page cache)
+    /// and cold (evicted; O_DIRECT and buffered), every byte checked,
+    /// against the disk's own O_DIRECT rate and the staged copy from
+    /// memory in the same run; the GPUDirect Storage probe's finding.
+    Files {
+        /// Bytes of data in the file (default 1 GiB; 24 MiB with --small).
+        #[arg(long)]
+        bytes: Option<usize>,
+        /// Small sizes (what CI runs).
+        #[arg(long)]
+        small: bool,
+        /// Timed warm runs (cold: fewer).
+        #[arg(long)]
+        reps: Option<usize>,
+        /// Directory for the file (default: --out-dir; use a real disk).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Pinned vs pageable bandwidth, raw driver copies, allocation cost.
     Bandwidth {
         /// Largest copy in MiB.
@@ -238,6 +256,18 @@ fn run(cli: Cli) -> host::Result<()> {
             c.reps = reps.unwrap_or(c.reps).max(1);
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
             demo::staging::run(&device, &c, &out).map(|_| ())
+        }
+        Cmd::Files {
+            bytes,
+            small,
+            reps,
+            dir,
+        } => {
+            let mut c = demo::files::Config::new(small);
+            c.bytes = bytes.unwrap_or(c.bytes).max(4);
+            c.reps = reps.unwrap_or(c.reps).max(1);
+            c.dir = dir;
+            demo::files::run(&device, &c, &out)
         }
         Cmd::Latency { samples } => demo::latency(&opts, samples, &out),
         Cmd::SmallTransfers { rounds, sizes } => demo::small::part(

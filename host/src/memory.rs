@@ -165,25 +165,33 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
         // SAFETY: our allocation; the safe API never lets the GPU hold it past
         // the owner (in-flight buffers are owned by their job until completion).
         if let Err(e) = unsafe { self.device.backend.free_host(&self.alloc) } {
-            eprintln!("warning: freeing pinned memory failed: {e}");
+            let failures = self.device.backend.release_failures();
+            failures.note("freeing pinned memory", &e);
         }
     }
 }
 
 /// A `Vec` pinned in place (`cuMemHostRegister`) for as long as this guard
-/// lives; dropping the guard unregisters it, [`Registered::into_inner`] gives
-/// the `Vec` back. The guard owns the vector, so the memory can be neither
-/// freed nor moved (no push, no reallocation) while registered, and a job that
-/// holds the guard keeps it registered until the GPU is done.
+/// lives; dropping the guard unregisters it, [`Registered::into_inner`] (or
+/// [`Registered::try_into_inner`], which returns the unregistration's error)
+/// gives the `Vec` back. The guard owns the vector, so the memory can be
+/// neither freed nor moved (no push, no reallocation) while registered, and a
+/// job that holds the guard keeps it registered until the GPU is done.
+///
+/// A failed unregistration on drop (or in `into_inner`) has nobody to
+/// return its error to: it is counted in
+/// [`Device::release_failures`](crate::Device::release_failures) and logged.
 pub struct Registered<T: Pod> {
     data: Option<Vec<T>>,
     device: Device,
+    locked: bool,
 }
 
 impl<T: Pod> std::fmt::Debug for Registered<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registered")
             .field("len", &self.len())
+            .field("locked", &self.locked)
             .finish()
     }
 }
@@ -192,8 +200,9 @@ impl<T: Pod> Registered<T> {
     /// Registers the vector's memory with the driver.
     pub fn new(device: &Device, mut data: Vec<T>) -> Result<Self> {
         let bytes = std::mem::size_of_val(data.as_slice());
-        if bytes == 0 {
+        let locked = if bytes == 0 {
             usable(device)?;
+            true // nothing to lock
         } else {
             // SAFETY: the range is valid and stays put: the guard owns the Vec
             // and never grows it.
@@ -201,36 +210,72 @@ impl<T: Pod> Registered<T> {
                 device
                     .backend
                     .register_host(data.as_mut_ptr().cast(), bytes)?
-            };
-        }
+            }
+        };
         Ok(Registered {
             data: Some(data),
             device: device.clone(),
+            locked,
         })
     }
 
-    /// Unregisters and returns the vector.
-    pub fn into_inner(mut self) -> Vec<T> {
-        self.unregister();
-        self.data.take().unwrap_or_default()
+    /// Whether the vector's pages are locked: always on CUDA; false only
+    /// on the CPU emulation when locking was refused (the memlock limit) and
+    /// the device's [`LockPolicy`](crate::LockPolicy) allowed unlocked
+    /// memory.
+    pub fn is_locked(&self) -> bool {
+        self.locked
     }
 
-    fn unregister(&mut self) {
-        if let Some(v) = self.data.as_mut() {
-            let bytes = std::mem::size_of_val(v.as_slice());
-            if bytes == 0 {
-                return; // never registered (see `new`)
-            }
-            // SAFETY: registered in `new`; a job holding this guard drops it only
-            // at completion, so no transfer uses the memory any more.
-            if let Err(e) = unsafe {
-                self.device
-                    .backend
-                    .unregister_host(v.as_mut_ptr().cast(), bytes)
-            } {
-                eprintln!("warning: unregistering host memory failed: {e}");
-            }
+    /// Unregisters and returns the vector. A failed unregistration is
+    /// counted ([`Device::release_failures`](crate::Device::release_failures))
+    /// and logged; [`Registered::try_into_inner`] returns it instead.
+    pub fn into_inner(self) -> Vec<T> {
+        match self.try_into_inner() {
+            Ok(v) => v,
+            Err((_, v)) => v, // counted and logged by try_into_inner
         }
+    }
+
+    /// Unregisters and returns the vector, or the unregistration's error
+    /// with the vector (which stays valid: only the driver's record of it
+    /// may remain). The failure is counted in
+    /// [`Device::release_failures`](crate::Device::release_failures) too.
+    ///
+    /// # Errors
+    /// The backend's error from unregistering the memory.
+    #[allow(clippy::result_large_err)] // the vector comes back either way
+    pub fn try_into_inner(mut self) -> std::result::Result<Vec<T>, (Error, Vec<T>)> {
+        let r = self.unregister();
+        let v = self.data.take().unwrap_or_default();
+        match r {
+            Ok(()) => Ok(v),
+            Err(e) => Err((e, v)),
+        }
+    }
+
+    /// Unregisters the vector (which the caller then takes out of `data`,
+    /// so the drop does not unregister it again); a failure is counted.
+    fn unregister(&mut self) -> Result<()> {
+        let Some(v) = self.data.as_mut() else {
+            return Ok(());
+        };
+        let bytes = std::mem::size_of_val(v.as_slice());
+        if bytes == 0 {
+            return Ok(()); // never registered (see `new`)
+        }
+        // SAFETY: registered in `new`; a job holding this guard drops it only
+        // at completion, so no transfer uses the memory any more.
+        let r = unsafe {
+            self.device
+                .backend
+                .unregister_host(v.as_mut_ptr().cast(), bytes)
+        };
+        if let Err(e) = &r {
+            let failures = self.device.backend.release_failures();
+            failures.note("unregistering host memory", e);
+        }
+        r
     }
 
     /// Element count.
@@ -261,9 +306,10 @@ impl<T: Pod> Drop for Registered<T> {
             return; // never registered (see `new`)
         }
         let Ok(layout) = std::alloc::Layout::array::<T>(v.capacity()) else {
-            // Not possible for a live Vec; unregister here and let it drop.
+            // Not possible for a live Vec; unregister here (a failure is
+            // counted) and let it drop.
             self.data = Some(v);
-            self.unregister();
+            let _ = self.unregister();
             return;
         };
         // The Vec's buffer goes with the unregistration, which the backend
@@ -282,7 +328,8 @@ impl<T: Pod> Drop for Registered<T> {
                 .unregister_host_then(ptr, bytes, Box::new(move || buffer.free()))
         };
         if let Err(e) = r {
-            eprintln!("warning: unregistering host memory failed: {e}");
+            let failures = self.device.backend.release_failures();
+            failures.note("unregistering host memory", &e);
         }
     }
 }
@@ -488,7 +535,8 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
             // SAFETY: our allocation; jobs own buffers until completion, and
             // staged DMAs noted in `in_flight` are done when this runs.
             if let Err(e) = unsafe { device.backend.free_device(ptr) } {
-                eprintln!("warning: freeing device memory failed: {e}");
+                let failures = device.backend.release_failures();
+                failures.note("freeing device memory", &e);
             }
             device
                 .live_buffers

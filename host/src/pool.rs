@@ -76,8 +76,13 @@ pub struct PoolStats {
     pub misses: u64,
     /// Driver allocations and frees made.
     pub driver_allocs: u64,
-    /// Driver frees made.
+    /// Driver frees made (those that succeeded).
     pub driver_frees: u64,
+    /// Driver frees that failed: the block is lost to the pool (and
+    /// possibly leaked); each is also counted in
+    /// [`Device::release_failures`](crate::Device::release_failures) and
+    /// logged.
+    pub failed_frees: u64,
     /// The cap on cached bytes in force now (the default one follows the
     /// peak in use; `u64::MAX`: none).
     pub max_cached_bytes: u64,
@@ -97,6 +102,7 @@ struct Counters {
     misses: AtomicU64,
     allocs: AtomicU64,
     frees: AtomicU64,
+    failed_frees: AtomicU64,
     alloc_ns: AtomicU64,
     free_ns: AtomicU64,
 }
@@ -279,6 +285,7 @@ impl PinnedPool {
             misses: l(&c.misses),
             driver_allocs: l(&c.allocs),
             driver_frees: l(&c.frees),
+            failed_frees: l(&c.failed_frees),
             driver_alloc_ns: l(&c.alloc_ns),
             driver_free_ns: l(&c.free_ns),
             max_cached_bytes: u64::try_from(self.inner.cap()).unwrap_or(u64::MAX),
@@ -325,13 +332,18 @@ impl Inner {
     fn free_block(&self, b: Block) {
         let t = Instant::now();
         // SAFETY: the block came from this backend and nobody uses it any more.
-        if let Err(e) = unsafe { self.device.backend.free_host(&b.alloc) } {
-            eprintln!("warning: freeing a pooled pinned block failed: {e}");
-        }
+        let r = unsafe { self.device.backend.free_host(&b.alloc) };
         self.c
             .free_ns
             .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        self.c.frees.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(()) => self.c.frees.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                let failures = self.device.backend.release_failures();
+                failures.note("freeing a pooled pinned block", &e);
+                self.c.failed_frees.fetch_add(1, Ordering::Relaxed)
+            }
+        };
     }
 
     fn give_back(&self, b: Block) {

@@ -47,6 +47,7 @@
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
+pub use crate::direct_io::{FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES};
 use crate::error::{byte_size, Error, Result};
 use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
@@ -320,6 +321,20 @@ impl Staging {
         self.engine.workers.plant_panic();
     }
 
+    /// The device the engine copies to and from.
+    pub fn device(&self) -> &Device {
+        &self.engine.device
+    }
+
+    /// How this engine's file reads reach the device: what the GPUDirect
+    /// Storage probe found for its device. Where it is available, reads
+    /// that take `O_DIRECT` ([`FileIo`]) go through cuFile when the file's
+    /// system is supported ([`StagedCopy::uses_gds`]); through the ring
+    /// otherwise.
+    pub fn file_route(&self) -> crate::GdsStatus {
+        crate::gds::gds_status(&self.engine.device)
+    }
+
     /// The engine's configuration.
     pub fn config(&self) -> StagingConfig {
         self.engine.config
@@ -426,7 +441,56 @@ impl Staging {
         at: u64,
         dst: &'a mut DeviceBuffer<T>,
     ) -> StagedCopy<'a> {
-        self.start(dst, 0, dst.len(), Dir::FileIn { file, at })
+        let len = dst.len();
+        self.read_file_with(file, at, dst, 0..len, FileIo::Auto)
+    }
+
+    /// Reads `range.len()` values from `file`, starting at byte `at`, into
+    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: `O_DIRECT` for a
+    /// file mostly outside the page cache, buffered otherwise; see
+    /// [`StagedCopy::file_io`] for the way taken). Reading a large file in
+    /// ranges lets the caller report progress between them.
+    ///
+    /// # Errors
+    /// `OutOfBounds` for a range outside `dst`; with [`FileIo::Direct`],
+    /// [`Error::Io`] of kind `Unsupported` when the file system refuses
+    /// `O_DIRECT`; as [`Staging::read_file`] otherwise.
+    ///
+    /// # Cancel safety
+    /// As [`Staging::read_file`].
+    pub fn read_file_with<'a, T: Pod>(
+        &'a self,
+        file: &'a std::fs::File,
+        at: u64,
+        dst: &'a mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        io: FileIo,
+    ) -> StagedCopy<'a> {
+        let len = range.end.saturating_sub(range.start);
+        let mut copy = self.start(dst, range.start, len, Dir::FileIn { file, at });
+        copy.fail_unless(ordered(&range));
+        if matches!(copy.state, State::Running) && len > 0 {
+            let bytes = (len * std::mem::size_of::<T>()) as u64;
+            match crate::direct_io::choose(file, at, bytes, io, self.engine.config.block_bytes) {
+                Ok(direct) => {
+                    copy.file_io = Some(if direct.is_some() {
+                        FileIo::Direct
+                    } else {
+                        FileIo::Buffered
+                    });
+                    // A direct read goes through cuFile where GPUDirect
+                    // Storage is available and the file system supported.
+                    if let Some(d) = &direct {
+                        if crate::gds::gds_status(&self.engine.device).is_available() {
+                            copy.gds = crate::gds::Registered::new(d).ok();
+                        }
+                    }
+                    copy.direct = direct;
+                }
+                Err(e) => copy.fail_unless(Err(e)),
+            }
+        }
+        copy
     }
 
     /// Writes the values of `src` to `file` from byte `at` (parallel
@@ -445,7 +509,28 @@ impl Staging {
         file: &'a std::fs::File,
         at: u64,
     ) -> StagedCopy<'a> {
-        self.start(src, 0, src.len(), Dir::FileOut { file, at })
+        self.write_file_with(src, 0..src.len(), file, at)
+    }
+
+    /// Writes the values of `src[range]` to `file` from byte `at` (a large
+    /// buffer written in ranges lets the caller report progress).
+    ///
+    /// # Errors
+    /// `OutOfBounds` for a range outside `src`; as [`Staging::write_file`].
+    ///
+    /// # Cancel safety
+    /// As [`Staging::write_file`].
+    pub fn write_file_with<'a, T: Pod>(
+        &'a self,
+        src: &'a DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        file: &'a std::fs::File,
+        at: u64,
+    ) -> StagedCopy<'a> {
+        let len = range.end.saturating_sub(range.start);
+        let mut copy = self.start(src, range.start, len, Dir::FileOut { file, at });
+        copy.fail_unless(ordered(&range));
+        copy
     }
 
     /// [`Staging::read_file`] for synchronous code.
@@ -459,6 +544,35 @@ impl Staging {
         dst: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         crate::block::block_on(self.read_file(file, at, dst))
+    }
+
+    /// [`Staging::read_file_with`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::read_file_with`].
+    pub fn read_file_with_blocking<T: Pod>(
+        &self,
+        file: &std::fs::File,
+        at: u64,
+        dst: &mut DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        io: FileIo,
+    ) -> Result<()> {
+        crate::block::block_on(self.read_file_with(file, at, dst, range, io))
+    }
+
+    /// [`Staging::write_file_with`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::write_file_with`].
+    pub fn write_file_with_blocking<T: Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        range: std::ops::Range<usize>,
+        file: &std::fs::File,
+        at: u64,
+    ) -> Result<()> {
+        crate::block::block_on(self.write_file_with(src, range, file, at))
     }
 
     /// [`Staging::write_file`] for synchronous code.
@@ -544,6 +658,18 @@ impl Staging {
     }
 }
 
+/// `OutOfBounds` for a range whose end is before its start.
+fn ordered(range: &std::ops::Range<usize>) -> Result<()> {
+    if range.end < range.start {
+        return Err(Error::OutOfBounds {
+            start: range.start,
+            end: range.end,
+            len: range.end,
+        });
+    }
+    Ok(())
+}
+
 /// Which way a staged copy goes, with the user's host memory or file.
 #[derive(Clone, Copy)]
 enum Dir {
@@ -595,6 +721,13 @@ pub struct StagedCopy<'a> {
     ring: VecDeque<Slot>,
     in_flight: &'a InFlight,
     state: State,
+    /// A file read: the way chosen ([`FileIo::Buffered`] or
+    /// [`FileIo::Direct`]).
+    file_io: Option<FileIo>,
+    /// The file reopened with `O_DIRECT` (reads of [`FileIo::Direct`]).
+    direct: Option<std::fs::File>,
+    /// That file registered with cuFile: read by GPUDirect Storage.
+    gds: Option<crate::gds::Registered>,
     /// Borrows of the host slice and the device buffer (`Dir` holds the
     /// host pointer).
     _borrow: PhantomData<&'a mut [u8]>,
@@ -629,8 +762,51 @@ impl<'a> StagedCopy<'a> {
             ring: VecDeque::new(),
             in_flight,
             state: State::Running,
+            file_io: None,
+            direct: None,
+            gds: None,
             _borrow: PhantomData,
         }
+    }
+
+    /// For a file read, the way it reads the file: [`FileIo::Direct`] or
+    /// [`FileIo::Buffered`] (what [`FileIo::Auto`] chose); `None` for other
+    /// copies, and for a read refused or of no bytes.
+    pub fn file_io(&self) -> Option<FileIo> {
+        self.file_io
+    }
+
+    /// Whether this file read goes by GPUDirect Storage (cuFile, straight
+    /// into device memory) rather than through the ring.
+    pub fn uses_gds(&self) -> bool {
+        self.gds.is_some()
+    }
+
+    /// The whole read by cuFile, synchronously.
+    fn read_by_gds(&mut self) -> Result<()> {
+        let (Some(gds), Dir::FileIn { at, .. }) = (&self.gds, self.dir) else {
+            return Err(Error::Internal(
+                "a GPUDirect Storage read without a handle".into(),
+            ));
+        };
+        crate::cuda::bind(&self.engine.device)?;
+        // SAFETY: the device range was checked against the buffer, borrowed
+        // exclusively for the copy (its earlier staged DMAs were settled
+        // when the copy started); the engine's context is current.
+        unsafe { gds.read(at, self.dev, self.total) }
+    }
+
+    /// Bytes of the next block: a whole block, less, for a direct read, the
+    /// skew of its file offset from the alignment (the block holds the
+    /// aligned range around it).
+    fn piece_len(&self) -> usize {
+        let skew = match (self.dir, &self.direct) {
+            (Dir::FileIn { at, .. }, Some(_)) => {
+                ((at + self.next as u64) % DIRECT_IO_ALIGN) as usize
+            }
+            _ => 0,
+        };
+        (self.total - self.next).min(self.engine.config.block_bytes - skew)
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -692,20 +868,37 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    /// Fills `block` with the source's bytes from offset `off` (toward
-    /// the device: the user's slice, or the file).
-    fn fill(&self, off: usize, block: &mut [u8]) -> Result<()> {
+    /// Fills the block with the source's `len` bytes from offset `off`
+    /// (toward the device: the user's slice, or the file); returns where
+    /// in the block they start (0 but for a direct read, whose block holds
+    /// the aligned range around them).
+    fn fill(&self, off: usize, block: &mut [u8], len: usize) -> Result<usize> {
         match self.dir {
             Dir::H2d(src) => {
                 // SAFETY: `src` is the borrowed slice of `total` bytes, alive
                 // and unchanged while this future lives; the piece lies in it.
-                let piece = unsafe { std::slice::from_raw_parts(src.add(off), block.len()) };
-                self.engine.workers.copy(piece, block)
+                let piece = unsafe { std::slice::from_raw_parts(src.add(off), len) };
+                self.engine.workers.copy(piece, &mut block[..len])?;
+                Ok(0)
             }
             Dir::FileIn { file, at } => {
                 // SAFETY: the file is borrowed for the future's life.
                 let file = unsafe { &*file };
-                self.engine.workers.read(file, at + off as u64, block)
+                let at = at + off as u64;
+                match &self.direct {
+                    Some(direct) => crate::direct_io::read_block(
+                        &self.engine.workers,
+                        direct,
+                        file,
+                        at,
+                        block,
+                        len,
+                    ),
+                    None => {
+                        self.engine.workers.read(file, at, &mut block[..len])?;
+                        Ok(0)
+                    }
+                }
             }
             Dir::D2h(_) | Dir::FileOut { .. } => Err(Error::Internal(
                 "fill of a copy away from the device".into(),
@@ -774,7 +967,7 @@ impl<'a> StagedCopy<'a> {
 
     /// Sends `block` (filled for H2D) or fetches into it (D2H), for the
     /// piece at `self.next`, and records its completion.
-    fn issue(&mut self, block: PooledBuffer<u8>, len: usize) -> Result<()> {
+    fn issue(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
         let off = self.next;
         let dev = self.dev + off as u64;
         let stream = if self.dir.is_upload() {
@@ -785,11 +978,13 @@ impl<'a> StagedCopy<'a> {
         let raw = stream.raw();
         // SAFETY: the block is pinned memory of the engine, held in `ring`
         // (or deferred to the ring) until the completion recorded after the
-        // DMA fires; the device range lies in the borrowed buffer, whose
-        // `in_flight` record keeps its next use and its free behind it.
+        // DMA fires; `skew + len` lies within it (`fill` returned `skew` for
+        // `len` bytes inside the block); the device range lies in the
+        // borrowed buffer, whose `in_flight` record keeps its next use and
+        // its free behind it.
         let issued = unsafe {
             if self.dir.is_upload() {
-                raw.copy_h2d(dev, block.ptr(), len)
+                raw.copy_h2d(dev, block.ptr().add(skew), len)
             } else {
                 raw.copy_d2h(block.ptr(), dev, len)
             }
@@ -826,12 +1021,15 @@ impl<'a> StagedCopy<'a> {
                     Ok(None) => return Poll::Pending,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let len = (self.total - self.next).min(self.engine.config.block_bytes);
-                if let Err(e) = self.fill(self.next, &mut block.as_mut_slice()[..len]) {
-                    self.engine.give_back(block);
-                    return Poll::Ready(Err(e));
-                }
-                if let Err(e) = self.issue(block, len) {
+                let len = self.piece_len();
+                let skew = match self.fill(self.next, block.as_mut_slice(), len) {
+                    Ok(skew) => skew,
+                    Err(e) => {
+                        self.engine.give_back(block);
+                        return Poll::Ready(Err(e));
+                    }
+                };
+                if let Err(e) = self.issue(block, skew, len) {
                     return Poll::Ready(Err(e));
                 }
             } else {
@@ -869,7 +1067,7 @@ impl<'a> StagedCopy<'a> {
                     Err(e) => return Poll::Ready(Err(e)),
                 };
                 let len = (self.total - self.next).min(block_bytes);
-                if let Err(e) = self.issue(block, len) {
+                if let Err(e) = self.issue(block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
             }
@@ -896,7 +1094,7 @@ impl<'a> StagedCopy<'a> {
             }
             if self.next < self.total {
                 let len = (self.total - self.next).min(block_bytes);
-                if let Err(e) = self.issue(slot.block, len) {
+                if let Err(e) = self.issue(slot.block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
             } else {
@@ -920,7 +1118,9 @@ impl Future for StagedCopy<'_> {
             }
             State::Running => this.state = State::Running,
         }
-        let polled = if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
+        let polled = if this.next == 0 && this.ring.is_empty() && this.gds.is_some() {
+            Poll::Ready(this.read_by_gds())
+        } else if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
             Poll::Ready(this.direct())
         } else {
             if this.dir.is_upload() {

@@ -1,6 +1,7 @@
 //! "More pinned memory than the machine will lock": the CPU emulation's
 //! page-locking is refused by the memlock limit, and the caller gets a typed
-//! error while the pool stays usable. Its own test binary: it lowers the
+//! error while the pool stays usable; under the lenient policy, buffers and
+//! registrations (pin in place) say they are not locked. Its own test binary: it lowers the
 //! process's `RLIMIT_MEMLOCK`.
 //!
 //! As root, `mlock` ignores the limit (`CAP_IPC_LOCK`), so the test drops that
@@ -8,7 +9,10 @@
 //! Linux); a requested size far over the limit is then refused by the kernel
 //! at once, without touching the pages (no memory pressure on the machine).
 
-use host::{BackendChoice, Device, DeviceOptions, LockPolicy, PinnedBuffer, PinnedPool};
+use host::interop::RegisteredRaw;
+use host::{
+    BackendChoice, Device, DeviceOptions, LockPolicy, PinnedBuffer, PinnedPool, Registered,
+};
 
 const LIMIT: u64 = 4 << 20;
 
@@ -106,6 +110,31 @@ fn pinned_memory_beyond_the_memlock_limit_is_a_typed_error_and_the_pool_stays_us
     let mut b = PinnedBuffer::<f32>::new(&lenient, 2 * LIMIT as usize / 4).unwrap();
     assert!(!b.is_locked());
     b.as_mut_slice()[0] = 1.0;
+
+    // Pinning in place beyond the limit: refused under `Require`; under
+    // best effort registered unlocked, and said so.
+    let big = vec![1.5f32; 2 * LIMIT as usize / 4];
+    match Registered::new(&device, big.clone()) {
+        Err(host::Error::LockFailed { reason, .. }) => {
+            assert!(reason.contains("RLIMIT_MEMLOCK"), "{reason}")
+        }
+        other => panic!("expected LockFailed, got {other:?}"),
+    }
+    let reg = Registered::new(&lenient, big).unwrap();
+    assert!(!reg.is_locked(), "{reg:?}");
+    let back = reg.try_into_inner().unwrap();
+    let mut owner = Box::new(back);
+    let (ptr, bytes) = (owner.as_mut_ptr().cast::<u8>(), owner.len() * 4);
+    // SAFETY: the boxed Vec's buffer is valid and stays put while the owner
+    // lives, nothing else touches it, and it is not registered.
+    let raw = unsafe { RegisteredRaw::new(&lenient, ptr, bytes, owner) }.unwrap();
+    assert!(!raw.is_locked(), "{raw:?}");
+    assert!(raw.try_into_owner().is_ok());
+    // Within the limit: locked, and said so.
+    let small = Registered::new(&lenient, vec![0u8; 4096]).unwrap();
+    assert!(small.is_locked(), "{small:?}");
+    drop(small);
+    assert_eq!(lenient.release_failures(), 0);
 
     // SAFETY: restores the struct read before.
     let r = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) };

@@ -7,7 +7,7 @@
 //! over fresh random data, written into outputs poisoned beforehand.
 
 use futures::task::noop_waker;
-use host::{DeviceBuffer, Error, PinnedPool, Route, Staging, StagingConfig, Stream};
+use host::{DeviceBuffer, Error, FileIo, PinnedPool, Route, Staging, StagingConfig, Stream};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Context;
@@ -454,6 +454,139 @@ fn bad_files_are_typed_errors(device: host::Device) {
     dev.copy_from_host_sync(&vec![9; 200_000]).unwrap();
     assert_eq!(read(&mut dev), vec![9; 200_000]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Reads `len` words of `path` from byte `at` the way `io` says; the way
+/// taken and the words, or the error.
+fn read_words(
+    staging: &Staging,
+    file: &std::fs::File,
+    at: u64,
+    len: usize,
+    io: FileIo,
+) -> Result<(Option<FileIo>, Vec<u32>), Error> {
+    let device = staging_device(staging);
+    let mut dev = poisoned(&device, len + 2);
+    let copy = staging.read_file_with(file, at, &mut dev, 1..len + 1, io);
+    let way = copy.file_io();
+    host::block_on(copy)?;
+    let got = read(&mut dev);
+    assert_eq!(got[0], POISON, "a byte before the range was written");
+    assert_eq!(got[len + 1], POISON, "a byte after the range was written");
+    Ok((way, got[1..len + 1].to_vec()))
+}
+
+fn staging_device(staging: &Staging) -> host::Device {
+    staging.device().clone()
+}
+/// Drops the file's pages from the page cache (clean pages: after fsync).
+fn evict(file: &std::fs::File) {
+    use std::os::unix::io::AsRawFd;
+    file.sync_all().unwrap();
+    // SAFETY: advice on our own open descriptor.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+host::backend_tests!(direct_and_buffered_reads_give_the_same_bytes_at_any_offset);
+fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Device) {
+    let mut rng = fastrand::Rng::with_seed(0xd1ec7);
+    // /tmp, and the working directory (a real disk where /tmp is tmpfs;
+    // found at run time: the test may run on another machine than it was
+    // built on).
+    let dirs = [std::env::temp_dir(), std::env::current_dir().unwrap()];
+    for (d, base) in dirs.iter().enumerate() {
+        let dir = base.join(format!(
+            "host-direct-{}-{:?}-{d}",
+            std::process::id(),
+            device.kind()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data.bin");
+        let n = 1_500_007;
+        let words = random(n, &mut rng);
+        let mut bytes = vec![3u8; 4093];
+        bytes.extend(bytes_of(&words));
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // Blocks of 64 KiB + 4 (skews change from block to block) and of
+        // 1 MiB; 1 worker and 3.
+        for (block_bytes, threads) in [((64 << 10) + 4, 3), (1 << 20, 1)] {
+            let staging = Staging::with_config(
+                &device,
+                StagingConfig {
+                    block_bytes,
+                    blocks: 3,
+                    threads,
+                    ..StagingConfig::for_device(&device)
+                },
+            )
+            .unwrap();
+            for _ in 0..6 {
+                let first = rng.usize(..n - 1);
+                let len = rng.usize(1..=(n - first).min(700_000));
+                // Words start at byte 4093: every offset is unaligned but
+                // the one landing on a page.
+                let at = 4093 + 4 * first as u64;
+                let want = &words[first..first + len];
+                let (way, got) = read_words(&staging, &file, at, len, FileIo::Buffered).unwrap();
+                assert_eq!(way, Some(FileIo::Buffered));
+                assert_eq!(first_diff(&got, want), None, "buffered at {at} len {len}");
+                match read_words(&staging, &file, at, len, FileIo::Direct) {
+                    Ok((way, got)) => {
+                        assert_eq!(way, Some(FileIo::Direct));
+                        assert_eq!(first_diff(&got, want), None, "direct at {at} len {len}");
+                    }
+                    Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                        eprintln!("{}: O_DIRECT refused ({e})", dir.display());
+                    }
+                    Err(e) => panic!("direct read at {at} len {len}: {e:?}"),
+                }
+            }
+            // Auto: a cached file is read buffered, an evicted one (on a
+            // file system that takes O_DIRECT) direct.
+            assert_eq!(std::fs::read(&path).unwrap(), bytes);
+            let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
+            assert_eq!(first_diff(&got, &words), None);
+            assert_eq!(way, Some(FileIo::Buffered), "a cached file read direct");
+            evict(&file);
+            let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
+            assert_eq!(first_diff(&got, &words), None);
+            let direct_ok = read_words(&staging, &file, 4096, 4, FileIo::Direct).is_ok();
+            if direct_ok {
+                assert_eq!(way, Some(FileIo::Direct), "an evicted file read buffered");
+            }
+        }
+        // A file that ends inside the aligned middle, read direct: the
+        // error of a truncated file.
+        std::fs::write(&path, &bytes[..100_000]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let staging = small(&device, Route::Auto, 2);
+        match read_words(&staging, &file, 4093, 200_000, FileIo::Direct) {
+            Err(Error::Io(e)) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::Unsupported
+                ),
+                "{e:?}"
+            ),
+            other => panic!("a truncated file read direct: {:?}", other.map(|r| r.0)),
+        }
+        // A descriptor opened for writing only: direct refused, typed.
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let err = read_words(&staging, &w, 0, 1000, FileIo::Direct).unwrap_err();
+        assert!(
+            matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::Unsupported),
+            "{err:?}"
+        );
+        // A range the wrong way round.
+        let mut dev = poisoned(&device, 10);
+        let (start, end) = (5, 3);
+        let err = staging
+            .read_file_with_blocking(&file, 0, &mut dev, start..end, FileIo::Auto)
+            .unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { .. }), "{err:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 /// Random floats in [-500, 500) (finite, never NaN).

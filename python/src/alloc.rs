@@ -29,6 +29,15 @@ pub enum HostMem {
 }
 
 impl HostMem {
+    /// Whether the memory is page-locked (false only on the CPU emulation
+    /// under a memlock limit its lock policy let pass).
+    fn is_locked(&self) -> bool {
+        match self {
+            HostMem::Pool(b) => b.is_locked(),
+            HostMem::Registered(r) => r.is_locked(),
+        }
+    }
+
     fn ptr(&mut self) -> *mut u8 {
         match self {
             HostMem::Pool(b) => b.as_mut_slice().as_mut_ptr(),
@@ -191,6 +200,7 @@ impl PinnedAllocator {
         d.set_item("misses", s.misses)?;
         d.set_item("driver_allocs", s.driver_allocs)?;
         d.set_item("driver_frees", s.driver_frees)?;
+        d.set_item("failed_frees", s.failed_frees)?;
         d.set_item("driver_alloc_ns", s.driver_alloc_ns)?;
         d.set_item("driver_free_ns", s.driver_free_ns)?;
         Ok(d)
@@ -252,6 +262,8 @@ pub struct PinnedBuffer {
     /// pinned (address, bytes).
     origin: Option<(Py<PyAny>, usize, usize)>,
     cuda_host: AtomicBool,
+    /// The memory is page-locked (see `HostMem::is_locked`).
+    locked: bool,
 }
 
 /// References to a pinned-in-place object that are ours: `origin` and the
@@ -267,6 +279,7 @@ impl PinnedBuffer {
         origin: Option<(Py<PyAny>, usize, usize)>,
     ) -> Self {
         let nbytes = shape.iter().product::<usize>() * dtype.size();
+        let locked = mem.is_locked();
         PinnedBuffer {
             state: StateCell::ready(mem),
             exports: Arc::new(AtomicUsize::new(0)),
@@ -276,6 +289,7 @@ impl PinnedBuffer {
             device: device.clone(),
             origin,
             cuda_host: AtomicBool::new(false),
+            locked,
         }
     }
 
@@ -546,6 +560,15 @@ impl PinnedBuffer {
     #[getter]
     fn pinned_in_place(&self) -> bool {
         self.origin.is_some()
+    }
+
+    /// Whether the memory is page-locked: always on CUDA; False only on the
+    /// CPU emulation when the memlock limit (`ulimit -l`) refused to lock it
+    /// (the emulation's default policy then hands out unlocked memory), for
+    /// allocated buffers and arrays pinned in place alike.
+    #[getter]
+    fn locked(&self) -> bool {
+        self.locked
     }
 
     /// The address of the first byte (an integer).

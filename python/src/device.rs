@@ -82,6 +82,14 @@ impl Device {
         self.inner.info().ordinal
     }
 
+    /// How many frees and unregistrations of the device's memory failed
+    /// (those on drop paths have no caller to raise to; each is also logged
+    /// through Rust's `log` crate).
+    #[getter]
+    fn release_failures(&self) -> u64 {
+        self.inner.release_failures()
+    }
+
     /// One line saying which backend runs and why.
     fn banner(&self) -> String {
         self.inner.banner()

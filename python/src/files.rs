@@ -1,8 +1,12 @@
 //! Files to the device and back: `load` / `save` (`.npy`), `load_safetensors`
-//! and `read_file` (raw bytes), through the staging engine's ring (parallel
-//! `pread`s by native threads into pinned blocks, each block's DMA
-//! overlapping the next reads). The GIL is released while the file is
-//! read or written: only the file and device memory of ours are touched.
+//! / `save_safetensors` and `read_file` (raw bytes), through the staging
+//! engine's ring (parallel `pread`s by native threads into pinned blocks,
+//! each block's DMA overlapping the next reads; `O_DIRECT` for files
+//! outside the page cache, see `direct=`). The GIL is released while the
+//! file is read or written: only the file and device memory of ours are
+//! touched. With `progress=`, a file is read or written in ranges of
+//! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
+//! them; an exception it raises stops the transfer and propagates.
 
 use crate::device::{device_or_default, Device, DeviceArray};
 use crate::dtype::DType;
@@ -12,31 +16,162 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::fs::File;
 
+/// With a progress callback, a file is read or written in ranges of this
+/// many bytes, the callback called after each.
+pub const PROGRESS_STEP: usize = 64 << 20;
+
+/// `direct=None|True|False` as the staging engine's [`host::FileIo`].
+fn file_io(direct: Option<bool>) -> host::FileIo {
+    match direct {
+        None => host::FileIo::Auto,
+        Some(true) => host::FileIo::Direct,
+        Some(false) => host::FileIo::Buffered,
+    }
+}
+
+/// A progress callback `progress(done_bytes, total_bytes)`, or none.
+struct Progress<'py> {
+    call: Option<Bound<'py, PyAny>>,
+    done: u64,
+    total: u64,
+}
+
+impl<'py> Progress<'py> {
+    fn new(call: Option<Bound<'py, PyAny>>, total: u64) -> PyResult<Self> {
+        if let Some(c) = &call {
+            if !c.is_callable() {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "progress must be a callable progress(done_bytes, total_bytes)",
+                ));
+            }
+        }
+        Ok(Progress {
+            call,
+            done: 0,
+            total,
+        })
+    }
+
+    /// The size of the ranges a transfer of `len` bytes goes in.
+    fn step(&self, len: usize) -> usize {
+        if self.call.is_some() {
+            PROGRESS_STEP
+        } else {
+            len.max(1)
+        }
+    }
+
+    /// `bytes` more done: calls the callback (its exception returned).
+    fn advance(&mut self, bytes: usize) -> PyResult<()> {
+        self.done += bytes as u64;
+        match &self.call {
+            Some(c) => c.call1((self.done, self.total)).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The OSError subclass of an I/O error (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`...), its message naming `path`.
 fn open_error(path: &str, e: std::io::Error) -> PyErr {
     PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}")))
 }
 
-/// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours).
-fn fill_from_file(py: Python<'_>, array: &DeviceArray, path: &str, offset: u64) -> PyResult<()> {
+/// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours),
+/// in ranges between which `progress` is called.
+fn fill_from_file(
+    py: Python<'_>,
+    array: &DeviceArray,
+    path: &str,
+    offset: u64,
+    io: host::FileIo,
+    progress: &mut Progress<'_>,
+) -> PyResult<()> {
     let file = File::open(path).map_err(|e| open_error(path, e))?;
     let staging = crate::staging::engine_for(py, &array.device)?;
     array.with_own("load", |buf| {
-        py.detach(|| staging.read_file_blocking(&file, offset, buf))
-            .py()
+        let len = buf.len();
+        let step = progress.step(len);
+        let mut pos = 0;
+        while pos < len {
+            let end = len.min(pos + step);
+            py.detach(|| {
+                staging.read_file_with_blocking(&file, offset + pos as u64, buf, pos..end, io)
+            })
+            .py()?;
+            progress.advance(end - pos)?;
+            pos = end;
+        }
+        Ok(())
     })
 }
 
-/// `read_file(path, dtype, shape=None, offset=0, device=None)`: the raw
-/// bytes of `path` from `offset`, as a new `DeviceArray` of `dtype` and
-/// `shape` (default: as many elements as the rest of the file holds).
+/// Writes `array` (ours) to `file` from `offset`, in ranges between which
+/// `progress` is called.
+fn drain_to_file(
+    py: Python<'_>,
+    array: &DeviceArray,
+    file: &File,
+    offset: u64,
+    progress: &mut Progress<'_>,
+) -> PyResult<()> {
+    let staging = crate::staging::engine_for(py, &array.device)?;
+    array.with_own("save", |buf| {
+        let len = buf.len();
+        let step = progress.step(len);
+        let mut pos = 0;
+        while pos < len {
+            let end = len.min(pos + step);
+            py.detach(|| {
+                staging.write_file_with_blocking(buf, pos..end, file, offset + pos as u64)
+            })
+            .py()?;
+            progress.advance(end - pos)?;
+            pos = end;
+        }
+        Ok(())
+    })
+}
+
+/// Finishes a file written at `tmp`: its length, its data on the disk,
+/// then its name; removes it on any failure (of `written` too).
+fn finish_atomically(
+    py: Python<'_>,
+    file: File,
+    tmp: &str,
+    path: &str,
+    len: u64,
+    written: PyResult<()>,
+) -> PyResult<()> {
+    let result = written.and_then(|()| {
+        py.detach(|| -> std::io::Result<()> {
+            file.set_len(len)?;
+            file.sync_data()
+        })
+        .map_err(|e| open_error(tmp, e))?;
+        drop(file);
+        std::fs::rename(tmp, path).map_err(|e| open_error(path, e))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    result
+}
+
+/// `read_file(path, dtype, shape=None, offset=0, device=None, direct=None,
+/// progress=None)`: the raw bytes of `path` from `offset`, as a new
+/// `DeviceArray` of `dtype` and `shape` (default: as many elements as the
+/// rest of the file holds). `direct`: `None` reads with `O_DIRECT` a file
+/// mostly outside the page cache (where the file system allows), `True`
+/// always (`OSError` where the file system refuses), `False` never.
+/// `progress(done_bytes, total_bytes)` is called every 64 MiB.
 ///
 /// Raises `OSError` (missing file, a directory, permission denied;
 /// `EOFError`-like `OSError` for a file shorter than the shape asks),
 /// `ValueError` for a bad shape.
 #[pyfunction]
-#[pyo3(signature = (path, dtype, shape=None, offset=0, device=None))]
+#[pyo3(signature = (path, dtype, shape=None, offset=0, device=None, direct=None, progress=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn read_file(
     py: Python<'_>,
     path: std::path::PathBuf,
@@ -44,6 +179,8 @@ pub fn read_file(
     shape: Option<&Bound<'_, PyAny>>,
     offset: u64,
     device: Option<&Device>,
+    direct: Option<bool>,
+    progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<DeviceArray> {
     let path = path.to_string_lossy().into_owned();
     let dtype = crate::device::parse_dtype_or_f32(Some(dtype))?;
@@ -63,7 +200,8 @@ pub fn read_file(
     };
     let device = device_or_default(py, device)?;
     let array = DeviceArray::alloc(&device, shape, dtype)?;
-    fill_from_file(py, &array, &path, offset)?;
+    let mut progress = Progress::new(progress, array.nbytes as u64)?;
+    fill_from_file(py, &array, &path, offset, file_io(direct), &mut progress)?;
     Ok(array)
 }
 
@@ -106,35 +244,42 @@ fn npy_header(py: Python<'_>, path: &str) -> PyResult<(Vec<usize>, DType, u64)> 
     r
 }
 
-/// `load(path, device=None)`: a `.npy` file as a new `DeviceArray` of its
-/// shape and dtype, read straight from the file into pinned blocks and on
-/// to the device (no NumPy array in between).
+/// `load(path, device=None, direct=None, progress=None)`: a `.npy` file as
+/// a new `DeviceArray` of its shape and dtype, read straight from the file
+/// into pinned blocks and on to the device (no NumPy array in between).
+/// `direct` and `progress` as for `read_file`.
 ///
 /// Raises `ValueError` for a corrupt header, an unknown or big-endian
 /// dtype, or Fortran order; `OSError` as `read_file`.
 #[pyfunction]
-#[pyo3(signature = (path, device=None))]
+#[pyo3(signature = (path, device=None, direct=None, progress=None))]
 pub fn load(
     py: Python<'_>,
     path: std::path::PathBuf,
     device: Option<&Device>,
+    direct: Option<bool>,
+    progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<DeviceArray> {
     let path = path.to_string_lossy().into_owned();
     let (shape, dtype, offset) = npy_header(py, &path)?;
     let device = device_or_default(py, device)?;
     let array = DeviceArray::alloc(&device, shape, dtype)?;
-    fill_from_file(py, &array, &path, offset)?;
+    let mut progress = Progress::new(progress, array.nbytes as u64)?;
+    fill_from_file(py, &array, &path, offset, file_io(direct), &mut progress)?;
     Ok(array)
 }
 
-/// `save(path, array)`: a `DeviceArray` as a `.npy` file that NumPy reads
-/// back bit for bit. Written to `path + ".partial"` and renamed when
-/// complete: a failed save (a full disk) leaves no file at `path`.
+/// `save(path, array, progress=None)`: a `DeviceArray` as a `.npy` file
+/// that NumPy reads back bit for bit. Written to `path + ".partial"` and
+/// renamed when complete: a failed save (a full disk, an exception from
+/// `progress`) leaves no file at `path`.
 #[pyfunction]
+#[pyo3(signature = (path, array, progress=None))]
 pub fn save(
     py: Python<'_>,
     path: std::path::PathBuf,
     array: &Bound<'_, DeviceArray>,
+    progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     let path = path.to_string_lossy().into_owned();
     let a = array.get();
@@ -143,6 +288,7 @@ pub fn save(
             "save: NumPy has no bfloat16; convert it first (or read the raw bytes with to_host)",
         ));
     }
+    let mut progress = Progress::new(progress, a.nbytes as u64)?;
     let tmp = format!("{path}.partial");
     let format = py.import("numpy.lib.format")?;
     let io = py.import("io")?;
@@ -154,27 +300,22 @@ pub fn save(
     let wrote = format.call_method1("write_array_header_1_0", (&f, &header));
     let offset: PyResult<u64> = wrote.and_then(|_| f.call_method0("tell")?.extract());
     f.call_method0("close")?;
-    let result = offset.and_then(|offset| {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&tmp)
-            .map_err(|e| open_error(&tmp, e))?;
-        let staging = crate::staging::engine_for(py, &a.device)?;
-        a.with_own("save", |buf| {
-            py.detach(|| -> host::Result<()> {
-                staging.write_file_blocking(buf, &file, offset)?;
-                file.set_len(offset + buf.len() as u64)?;
-                file.sync_data()?;
-                Ok(())
-            })
-            .py()
-        })?;
-        std::fs::rename(&tmp, &path).map_err(|e| open_error(&path, e))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let offset = match offset {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    let file = match std::fs::OpenOptions::new().write(true).open(&tmp) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(open_error(&tmp, e));
+        }
+    };
+    let written = drain_to_file(py, a, &file, offset, &mut progress);
+    finish_atomically(py, file, &tmp, &path, offset + a.nbytes as u64, written)
 }
 
 /// The device dtype of a safetensors dtype name.
@@ -196,19 +337,23 @@ fn safetensors_dtype(name: &str) -> Option<DType> {
     })
 }
 
-/// `load_safetensors(path, device=None)`: every tensor of a safetensors
-/// file as a dict of name → `DeviceArray` (`{k: torch.from_dlpack(v) for k,
-/// v in d.items()}` gives torch tensors without a copy).
+/// `load_safetensors(path, device=None, direct=None, progress=None)`: every
+/// tensor of a safetensors file as a dict of name → `DeviceArray`
+/// (`{k: torch.from_dlpack(v) for k, v in d.items()}` gives torch tensors
+/// without a copy). `direct` as for `read_file`; `progress(done_bytes,
+/// total_bytes)` after each tensor (and every 64 MiB of a large one).
 ///
 /// Raises `ValueError` for a corrupt header (bad length, bad JSON, offsets
 /// outside the file or not matching the shape), an unknown dtype;
 /// `OSError` as `read_file`.
 #[pyfunction]
-#[pyo3(signature = (path, device=None))]
+#[pyo3(signature = (path, device=None, direct=None, progress=None))]
 pub fn load_safetensors<'py>(
     py: Python<'py>,
     path: std::path::PathBuf,
     device: Option<&Device>,
+    direct: Option<bool>,
+    progress: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     use std::io::Read;
     let path = path.to_string_lossy().into_owned();
@@ -237,7 +382,9 @@ pub fn load_safetensors<'py>(
         .map_err(|_| bad("header is not a JSON object".into()))?;
     let data_start = 8 + n;
     let device = device_or_default(py, device)?;
-    let out = PyDict::new(py);
+    let io = file_io(direct);
+    // Every entry checked before any byte is read.
+    let mut plan = Vec::new();
     for (name, meta) in entries.iter() {
         let name: String = name.extract()?;
         if name == "__metadata__" {
@@ -278,9 +425,154 @@ pub fn load_safetensors<'py>(
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));
         }
+        plan.push((name, shape, dtype, data_start + begin, nbytes as u64));
+    }
+    let total = plan.iter().map(|p| p.4).sum();
+    let mut progress = Progress::new(progress, total)?;
+    let out = PyDict::new(py);
+    for (name, shape, dtype, at, nbytes) in plan {
         let array = DeviceArray::alloc(&device, shape, dtype)?;
-        fill_from_file(py, &array, &path, data_start + begin)?;
+        fill_from_file(py, &array, &path, at, io, &mut progress)?;
+        if nbytes == 0 {
+            progress.advance(0)?;
+        }
         out.set_item(name, Py::new(py, array)?)?;
     }
     Ok(out)
+}
+
+/// The safetensors dtype name of a device dtype.
+fn safetensors_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F64 => "F64",
+        DType::F32 => "F32",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::I64 => "I64",
+        DType::I32 => "I32",
+        DType::I16 => "I16",
+        DType::I8 => "I8",
+        DType::U64 => "U64",
+        DType::U32 => "U32",
+        DType::U16 => "U16",
+        DType::U8 => "U8",
+    }
+}
+
+/// `save_safetensors(path, tensors, metadata=None, progress=None)`: a dict
+/// of name → `DeviceArray` (or anything `to_device` takes: it is copied to
+/// the device first) as a safetensors file, which `safetensors` and
+/// `load_safetensors` read back bit for bit. `metadata`: a dict of str →
+/// str, stored as `__metadata__`. Each tensor written from the device
+/// through the staging ring; to `path + ".partial"`, renamed when
+/// complete: a failed save leaves no file at `path`. `progress(done_bytes,
+/// total_bytes)` after each tensor (and every 64 MiB of a large one).
+///
+/// Raises `TypeError` for a key or metadata entry that is not a string,
+/// `ValueError` for a tensor named `__metadata__`, `BufferError` for an
+/// array gpufeed did not allocate, `OSError` for the file.
+#[pyfunction]
+#[pyo3(signature = (path, tensors, metadata=None, progress=None))]
+pub fn save_safetensors(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    tensors: &Bound<'_, PyDict>,
+    metadata: Option<&Bound<'_, PyDict>>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    use pyo3::exceptions::PyTypeError;
+    let path = path.to_string_lossy().into_owned();
+    let mut arrays: Vec<(String, Bound<'_, DeviceArray>)> = Vec::with_capacity(tensors.len());
+    for (k, v) in tensors.iter() {
+        let name: String = k
+            .extract()
+            .map_err(|_| PyTypeError::new_err("save_safetensors: tensor names must be strings"))?;
+        if name == "__metadata__" {
+            return Err(PyValueError::new_err(
+                "save_safetensors: __metadata__ is not a tensor name (pass metadata=)",
+            ));
+        }
+        let array = match v.cast::<DeviceArray>() {
+            Ok(a) => a.clone(),
+            Err(_) => Bound::new(py, crate::staging::to_device(py, &v, None)?)?,
+        };
+        arrays.push((name, array));
+    }
+    let json = py.import("json")?;
+    let header = PyDict::new(py);
+    let mut pos = 0u64;
+    for (name, a) in &arrays {
+        let a = a.get();
+        let entry = PyDict::new(py);
+        entry.set_item("dtype", safetensors_name(a.dtype))?;
+        entry.set_item("shape", a.shape.clone())?;
+        entry.set_item("data_offsets", (pos, pos + a.nbytes as u64))?;
+        header.set_item(name, entry)?;
+        pos += a.nbytes as u64;
+    }
+    if let Some(m) = metadata {
+        for (k, v) in m.iter() {
+            if k.extract::<String>().is_err() || v.extract::<String>().is_err() {
+                return Err(PyTypeError::new_err(
+                    "save_safetensors: metadata must map strings to strings",
+                ));
+            }
+        }
+        header.set_item("__metadata__", m)?;
+    }
+    let kw = PyDict::new(py);
+    kw.set_item("separators", (",", ":"))?;
+    let text: String = json
+        .call_method("dumps", (&header,), Some(&kw))?
+        .extract()?;
+    let mut head = text.into_bytes();
+    // Padded with spaces to 8 bytes, as the format's own writer does.
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let data_start = 8 + head.len() as u64;
+    let mut progress = Progress::new(progress, pos)?;
+    let tmp = format!("{path}.partial");
+    let file = File::create(&tmp).map_err(|e| open_error(&tmp, e))?;
+    let written = (|| -> PyResult<()> {
+        use std::os::unix::fs::FileExt;
+        let mut first = (head.len() as u64).to_le_bytes().to_vec();
+        first.extend_from_slice(&head);
+        file.write_all_at(&first, 0)
+            .map_err(|e| open_error(&tmp, e))?;
+        let mut at = data_start;
+        for (_, a) in &arrays {
+            let a = a.get();
+            drain_to_file(py, a, &file, at, &mut progress)?;
+            if a.nbytes == 0 {
+                progress.advance(0)?;
+            }
+            at += a.nbytes as u64;
+        }
+        Ok(())
+    })();
+    finish_atomically(py, file, &tmp, &path, data_start + pos, written)
+}
+
+/// `gds_status(device=None)`: what the GPUDirect Storage probe found for the
+/// device, as a dict: `available` (bool: file reads that go `O_DIRECT`
+/// use cuFile, straight into device memory, where the file's system is
+/// supported), `reason` (`"available"`, `"not_cuda"`, `"no_library"`,
+/// `"driver_open_failed"`, `"compatibility_mode_only"`) and `message`.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn gds_status<'py>(py: Python<'py>, device: Option<&Device>) -> PyResult<Bound<'py, PyDict>> {
+    use host::GdsStatus as G;
+    let device = device_or_default(py, device)?;
+    let status = py.detach(|| host::gds_status(&device));
+    let reason = match &status {
+        G::Available { .. } => "available",
+        G::NotCuda => "not_cuda",
+        G::NoLibrary => "no_library",
+        G::DriverOpenFailed(_) => "driver_open_failed",
+        G::CompatibilityModeOnly { .. } => "compatibility_mode_only",
+    };
+    let d = PyDict::new(py);
+    d.set_item("available", status.is_available())?;
+    d.set_item("reason", reason)?;
+    d.set_item("message", status.to_string())?;
+    Ok(d)
 }

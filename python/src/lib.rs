@@ -245,6 +245,8 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::load, m)?)?;
     m.add_function(wrap_pyfunction!(files::save, m)?)?;
     m.add_function(wrap_pyfunction!(files::load_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(files::save_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(files::gds_status, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_host, m)?)?;
     m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;

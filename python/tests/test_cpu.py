@@ -288,6 +288,63 @@ def test_pin_in_place(device):
     back.resize(10, refcheck=False)  # no export any more
 
 
+def test_pinned_buffers_say_they_are_locked(device, alloc):
+    buf = alloc.alloc(1000, "float32")
+    assert buf.locked is True
+    pinned = gpufeed.pin(np.zeros(1000, np.float32), device)
+    assert pinned.locked is True and pinned.pinned_in_place
+    pinned.unpin()
+    assert pinned.locked is True  # what it was: kept after the unpin
+    buf.free()
+    assert alloc.stats()["failed_frees"] == 0
+    assert device.release_failures == 0
+
+
+_UNDER_A_MEMLOCK_LIMIT = r"""
+import ctypes, resource, sys
+import numpy as np
+
+# As root, mlock ignores the limit (CAP_IPC_LOCK): drop the capability from
+# this thread, the one that allocates and pins below.
+libc = ctypes.CDLL(None, use_errno=True)
+hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
+data = (ctypes.c_uint32 * 6)()
+assert libc.capget(hdr, data) == 0, ctypes.get_errno()
+data[0] &= ~(1 << 14)  # effective
+data[1] &= ~(1 << 14)  # permitted
+assert libc.capset(hdr, data) == 0, ctypes.get_errno()
+limit = 1 << 20
+soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (limit, hard))
+
+import gpufeed
+dev = gpufeed.Device("cpu")
+alloc = gpufeed.PinnedAllocator(dev)
+small = alloc.alloc(1024, "uint8")
+big = alloc.alloc(8 * limit, "uint8")
+pinned_small = gpufeed.pin(np.zeros(1024, np.uint8), dev)
+pinned_big = gpufeed.pin(np.zeros(8 * limit, np.uint8), dev)
+print(small.locked, big.locked, pinned_small.locked, pinned_big.locked)
+"""
+
+
+def test_under_a_memlock_limit_buffers_say_they_are_not_locked(device):
+    # The CPU emulation's default policy hands out unlocked memory when the
+    # memlock limit refuses: `locked` says so, for allocated and pinned-in-place
+    # buffers. Its own process: the limit is process-wide.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HOST_BACKEND="cpu")
+    r = subprocess.run(
+        [sys.executable, "-c", _UNDER_A_MEMLOCK_LIMIT],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "True", "False"], r.stdout + r.stderr
+
+
 def test_pin_in_place_d2h_writes_the_original_array(device):
     n = 1000
     dev = device.empty(n, "int32")
@@ -431,19 +488,24 @@ def test_compare_sync_async():
 
 
 def _long_operation(device, alloc, seconds):
-    """A batch of intensity kernels that runs for about `seconds` (sized from
-    a timed short run), ending in a copy back into a poisoned pinned array."""
+    """A batch of intensity kernels that runs for about `seconds` (k sized
+    from timed runs long enough that launch costs don't count), ending in a
+    copy back into a poisoned pinned array."""
     n = 1 << 20
     dev = device.empty(n)
     src, dst = alloc.alloc(n), alloc.alloc(n)
     src.get_array()[:] = 1.0
     s = gpufeed.Stream(device)
-    t0 = time.perf_counter()
-    s.submit(("h2d", src, dev), ("intensity", dev, 16)).wait()
-    per_16 = max(time.perf_counter() - t0, 1e-6)
+    s.submit(("h2d", src, dev)).wait()
     k = 16
-    while k * per_16 / 16 < seconds and k < (1 << 30):
-        k *= 2
+    while True:
+        t0 = time.perf_counter()
+        s.submit(("intensity", dev, k)).wait()
+        took = time.perf_counter() - t0
+        if took >= 0.2 or k >= (1 << 28):
+            break
+        k *= 4
+    k = min(int(k * seconds / max(took, 1e-6)), (1 << 31) - 1)
     dst.get_array()[:] = np.nan
     op = s.submit(("h2d", src, dev), ("intensity", dev, k), ("d2h", dev, dst))
     return op, s, (src, dst, dev)
@@ -457,6 +519,7 @@ def test_ctrl_c_interrupts_a_blocking_wait_and_the_operation_stays_safe(device, 
     with pytest.raises(KeyboardInterrupt):
         op.wait()
     latency = time.perf_counter() - t0 - 0.3
+    assert not op.done(), "the operation ended before the interrupt: too short to test"
     assert latency < 0.2, f"Ctrl-C took {latency:.3f} s to interrupt the wait"
     # Interrupted, not finished: the buffers are still the operation's.
     assert dst.state == "in-flight"

@@ -154,3 +154,123 @@ def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
     with pytest.raises(OSError):
         gpufeed.save(target, d)
     assert not target.exists() and not os.path.exists(str(target) + ".partial")
+
+
+@pytest.mark.parametrize("direct", [None, True, False])
+def test_direct_and_buffered_reads_are_the_same_bytes(device, tmp_path, direct):
+    rng = np.random.default_rng(77)
+    a = rng.integers(0, 2**32, size=3_000_017, dtype=np.uint32)
+    path = tmp_path / "d.npy"
+    np.save(path, a)  # a 128-byte header: the data starts unaligned
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold: None reads direct
+    os.close(fd)
+    try:
+        d = gpufeed.load(path, device, direct=direct)
+    except OSError as e:
+        if direct and "O_DIRECT read refused" in str(e):
+            pytest.skip(f"this file system refuses O_DIRECT: {e}")
+        raise
+    assert np.array_equal(host_copy(d), a)
+    for first, n in [(0, 1), (1, 4097), (1023, 1_000_003), (5, a.size - 5)]:
+        d = gpufeed.read_file(path, "uint32", shape=(n,), offset=128 + 4 * first,
+                              device=device, direct=direct)
+        assert np.array_equal(host_copy(d), a[first:first + n]), (first, n)
+
+
+def test_safetensors_written_here_read_back_bit_exactly(device, tmp_path):
+    rng = np.random.default_rng(5)
+    tensors = {
+        "w": rng.standard_normal((300, 77)).astype(np.float32),
+        "b": rng.standard_normal(13).astype(np.float64),
+        "ids": rng.integers(-2**62, 2**62, size=1001, dtype=np.int64),
+        "m": rng.integers(0, 255, size=(3, 5, 7), dtype=np.uint8),
+        "h": rng.standard_normal(99).astype(np.float16),
+        "e": np.zeros((0, 3), dtype=np.int16),
+    }
+    # Device arrays and host arrays (copied to the device first) alike.
+    given = {k: (gpufeed.to_device(v, device) if i % 2 else v) for i, (k, v) in enumerate(tensors.items())}
+    path = tmp_path / "m.safetensors"
+    calls = []
+    gpufeed.save_safetensors(path, given, metadata={"format": "np", "step": "7"},
+                             progress=lambda done, total: calls.append((done, total)))
+    assert not os.path.exists(str(path) + ".partial")
+    total = sum(t.nbytes for t in tensors.values())
+    assert calls and calls[-1] == (total, total) and len(calls) == len(tensors)
+    got = gpufeed.load_safetensors(path, device)
+    assert set(got) == set(tensors)
+    for k, t in tensors.items():
+        assert got[k].shape == t.shape and got[k].dtype == t.dtype.name, k
+        assert np.array_equal(host_copy(got[k]).view(np.uint8), t.view(np.uint8)), k
+    header = json.loads(path.read_bytes()[8:8 + struct.unpack("<Q", path.read_bytes()[:8])[0]])
+    assert header["__metadata__"] == {"format": "np", "step": "7"}
+    st = pytest.importorskip("safetensors.numpy")
+    back = st.load_file(str(path))
+    for k, t in tensors.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape, k
+        assert np.array_equal(back[k].view(np.uint8), t.view(np.uint8)), k
+
+
+def test_bad_safetensors_arguments_are_typed_errors(device, tmp_path):
+    path = tmp_path / "x.safetensors"
+    d = gpufeed.to_device(np.arange(10, dtype=np.float32), device)
+    with pytest.raises(TypeError):
+        gpufeed.save_safetensors(path, {1: d})
+    with pytest.raises(ValueError):
+        gpufeed.save_safetensors(path, {"__metadata__": d})
+    with pytest.raises(TypeError):
+        gpufeed.save_safetensors(path, {"a": d}, metadata={"k": 3})
+    with pytest.raises(TypeError):
+        gpufeed.save_safetensors(path, {"a": object()})
+    with pytest.raises(OSError):
+        gpufeed.save_safetensors(tmp_path / "no" / "dir" / "x.safetensors", {"a": d})
+    assert list(tmp_path.iterdir()) == []
+
+
+class Stop(Exception):
+    pass
+
+
+def test_progress_is_reported_and_its_exception_stops_the_transfer(device, tmp_path):
+    rng = np.random.default_rng(8)
+    a = rng.integers(0, 255, size=(150 << 20) // 8, dtype=np.uint64)  # 150 MiB: 3 ranges
+    path = tmp_path / "big.npy"
+    np.save(path, a)
+    calls = []
+    d = gpufeed.load(path, device, progress=lambda done, total: calls.append((done, total)))
+    assert [c[0] for c in calls] == [64 << 20, 128 << 20, 150 << 20]
+    assert all(c[1] == a.nbytes for c in calls)
+    assert np.array_equal(host_copy(d), a)
+
+    def stop_at_second(done, total):
+        if done > 64 << 20:
+            raise Stop(done)
+
+    with pytest.raises(Stop):
+        gpufeed.load(path, device, progress=stop_at_second)
+    with pytest.raises(Stop):
+        gpufeed.read_file(path, "uint8", device=device, progress=stop_at_second)
+    # A save stopped by its callback leaves no file behind.
+    out = tmp_path / "out.npy"
+    with pytest.raises(Stop):
+        gpufeed.save(out, d, progress=stop_at_second)
+    assert not out.exists() and not os.path.exists(str(out) + ".partial")
+    with pytest.raises(Stop):
+        gpufeed.save_safetensors(tmp_path / "o.safetensors", {"a": d}, progress=stop_at_second)
+    assert not (tmp_path / "o.safetensors").exists()
+    with pytest.raises(TypeError):
+        gpufeed.load(path, device, progress=3)
+    # The array stays usable after a stopped save.
+    gpufeed.save(out, d, progress=lambda done, total: None)
+    assert np.array_equal(np.load(out), a)
+
+
+def test_the_gpudirect_storage_probe_says_what_it_found(device):
+    s = gpufeed.gds_status(device)
+    assert set(s) == {"available", "reason", "message"}
+    assert s["reason"] in {"available", "not_cuda", "no_library", "driver_open_failed",
+                           "compatibility_mode_only"}
+    assert s["available"] == (s["reason"] == "available") and s["message"]
+    if device.kind == "cpu":
+        assert s["reason"] == "not_cuda"

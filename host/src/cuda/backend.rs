@@ -95,6 +95,7 @@ impl CudaBackend {
                 ordered,
                 batch_copies: version >= 13000,
                 draining: Default::default(),
+                release_failures: Default::default(),
                 generation: crate::backend::Generation::now(),
             }),
             info,
@@ -103,6 +104,10 @@ impl CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn release_failures(&self) -> &crate::backend::ReleaseFailures {
+        &self.shared.release_failures
+    }
+
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -252,7 +257,7 @@ impl Backend for CudaBackend {
         self.shared.check("cuMemFreeHost", r)
     }
 
-    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
         self.shared.usable()?;
         self.shared.free_parked();
         self.shared.bind()?;
@@ -260,7 +265,8 @@ impl Backend for CudaBackend {
         let r = unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
         };
-        self.shared.check("cuMemHostRegister", r)
+        self.shared.check("cuMemHostRegister", r)?;
+        Ok(true) // the driver locks what it registers, or fails
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {

@@ -49,3 +49,11 @@ pub(crate) use backend::CudaBackend;
 pub(crate) use driver::device_count;
 pub use driver::driver_present;
 pub use options::{DeviceMemory, WaitMode, POLL_INTERVAL};
+
+/// Makes `device`'s context current on this thread (cuFile's calls need it).
+pub(crate) fn bind(device: &crate::Device) -> crate::Result<()> {
+    match device.backend.as_any().downcast_ref::<shared::Shared>() {
+        Some(s) => s.bind(),
+        None => Err(crate::Error::InvalidArgument("not a CUDA device".into())),
+    }
+}

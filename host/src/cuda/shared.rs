@@ -5,7 +5,7 @@
 use super::driver::{code_name, is_sticky};
 use super::options::WaitMode;
 use super::ordered::OrderedMem;
-use crate::backend::{Draining, Generation};
+use crate::backend::{Draining, Generation, ReleaseFailures};
 use crate::completion::lock;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult};
@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(super) batch_copies: bool,
     /// Watchers of dropped streams still delivering their completions.
     pub(super) draining: Draining,
+    /// Failed frees and unregistrations, the parked ones included.
+    pub(super) release_failures: ReleaseFailures,
     /// The process the context was opened in: the driver does not survive
     /// `fork()`, so in a child every operation is refused.
     pub(super) generation: Generation,
@@ -158,7 +160,8 @@ impl Shared {
                 }
             };
             if let Err(e) = self.check(call, r) {
-                eprintln!("warning: a deferred free failed: {e}");
+                self.release_failures
+                    .note("a deferred free or unregistration", &e);
             }
         }
     }

@@ -5,6 +5,7 @@ pub mod bytes;
 pub mod chunk_cost;
 pub mod compare;
 pub mod devices;
+pub mod files;
 pub mod fmt;
 pub mod kernels;
 pub mod latency;
@@ -344,6 +345,14 @@ pub fn full(
     latency(opts, scale.latency_samples, out)?;
     println!("\n== ordinary memory: pageable arrays to the device and back at the link's speed");
     staging::run(device, &staging::Config::for_device(device, small), out)?;
+    println!(
+        "\n== files: a file to the device, warm and cold, against the disk's own O_DIRECT rate"
+    );
+    files::run(
+        device,
+        &files::Config::new(small || device.kind() == BackendKind::Cpu),
+        out,
+    )?;
     println!("\n== small transfers: 4 KiB to 4 MiB copies, one and 64 in flight");
     small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);
