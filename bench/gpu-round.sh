@@ -19,11 +19,11 @@
 #                                   memcheck on them, the wheel's staging tests, `host staging`
 #                                   (four routes against size, the shape sweep) and its
 #                                   Python peer (PyTorch, CuPy idioms beside to_device/to_host)
-#   bash bench/gpu-round.sh final   what fits one call on the commit submitted: the GPU tests
-#                                   (REQUIRE_GPU=1), memcheck on the staging and soundness suites,
-#                                   the wheel's pytest, then the staging round's measurements
-#                                   (fewer sizes, no shape sweep), `host files` and the files peer
-#                                   (as in `files`, without its tests)
+#   bash bench/gpu-round.sh final   the tests of the commit submitted, in one call: every GPU test
+#                                   executable (REQUIRE_GPU=1), memcheck on the soundness, staging and
+#                                   loader suites, the wheel's pytest, the is_pinned probe; its
+#                                   figures come from a second call on the same bundle:
+#                                   LOADER=1 FILES=1 bash bench/gpu-round.sh measure
 #   bash bench/gpu-round.sh files   files to the GPU: the staging tests (REQUIRE_GPU=1, the O_DIRECT
 #                                   ones included), the wheel's file tests, `host files` at 4 GiB
 #                                   (warm, cold O_DIRECT / buffered, the disk's own O_DIRECT rate)
@@ -94,36 +94,31 @@ if [ "$mode" = final ]; then
   note "tests (REQUIRE_GPU=1)"
   OUT="$R/logs" timeout 300 bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
   tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
-  san memcheck soundness --leak-check full
+  for t in soundness staging loader; do san memcheck "$t" --leak-check full; done
   note "python: the wheel's pytest with PyTorch and CuPy (REQUIRE_GPU=1)"
-  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
+  mkdir -p .pytest-scratch
+  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -rs -p no:cacheprovider --basetemp "$PWD/.pytest-scratch" python/tests > "$R/logs/python-tests.log" 2>&1 || { fail=1; note "PYTHON TESTS FAILED"; }
   tail -3 "$R/logs/python-tests.log" | tee -a "$R/logs/summary.log"
+  rm -rf .pytest-scratch
   PYTHONPATH="$site" timeout 60 python3 bench/peers/is_pinned.py > "$R/logs/is_pinned.json" 2>&1 || note "IS_PINNED PROBE FAILED"
   cat "$R/logs/is_pinned.json" | tee -a "$R/logs/summary.log"
-  STAGING_ARGS=${STAGING_ARGS:---sizes 65536,262144,1048576,16777216,1073741824,4294967296 --sweep-bytes 0}
-  PEER_ARGS=${PEER_ARGS:---slow-reps 3}
 fi
 
-if [ "$mode" = staging ] || [ "$mode" = final ] || [ "$mode" = measure ]; then
-  S="$R/staging"; mkdir -p "$S"
-  if [ "$mode" != measure ]; then
-  note "staging: tests, memcheck, host staging, the Python peer"
-  exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
-  REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$S/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
-  grep "^test result" "$S/staging_tests.log" | tee -a "$R/logs/summary.log"
-  san memcheck staging --leak-check full
-  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
-  tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
-  fi
-  timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
-  grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
-  # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
-  # at once after their work instead of spinning on the cores the copies use.
-  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
-  cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+# The measurements, each part tarred as it ends (a call stopped by its time
+# limit still brings back what finished): measure with LOADER=1 FILES=1.
+save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run.tgz" run; }
+if [ "$mode" = measure ] && [ "${LOADER:-0}" = 1 ]; then
+  L="$R/loader"; mkdir -p "$L"
+  note "loader: the benchmark, the training demonstration"
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 200 python3 bench/peers/loader.py --out "$L/python-loader.json" ${LOADER_ARGS:-} > "$L/python-loader.log" 2>&1 || { fail=1; note "LOADER BENCHMARK FAILED"; }
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["checks"]))' "$L/python-loader.json" 2>&1 | tee -a "$R/logs/summary.log"
+  save
+  PYTHONPATH="$site" timeout 150 python3 python/examples/train.py ${TRAIN_ARGS:-} > "$L/train.log" 2>&1 || { fail=1; note "TRAINING DEMONSTRATION FAILED"; }
+  tail -3 "$L/train.log" | tee -a "$R/logs/summary.log"
+  save
 fi
 
-if [ "$mode" = files ] || [ "$mode" = final ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; then
+if [ "$mode" = files ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; then
   FD="$R/files"; mkdir -p "$FD"
   # The files on the repository's disk (not $OUT: nothing big comes back; /tmp may be tmpfs).
   scratch="$PWD/.files-scratch"; mkdir -p "$scratch"
@@ -143,6 +138,27 @@ if [ "$mode" = files ] || [ "$mode" = final ] || { [ "$mode" = measure ] && [ "$
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 250 python3 bench/peers/files.py --dir "$scratch" --out "$FD/python-files.json" ${FILES_PEER_ARGS:-} > "$FD/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
   cat "$FD/python-files.log" | tee -a "$R/logs/summary.log"
   rm -rf "$scratch"
+  save
+fi
+
+if [ "$mode" = staging ] || { [ "$mode" = measure ] && [ "${STAGING:-1}" = 1 ]; }; then
+  S="$R/staging"; mkdir -p "$S"
+  if [ "$mode" != measure ]; then
+  note "staging: tests, memcheck, host staging, the Python peer"
+  exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
+  REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$S/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
+  grep "^test result" "$S/staging_tests.log" | tee -a "$R/logs/summary.log"
+  san memcheck staging --leak-check full
+  PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
+  tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
+  fi
+  timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
+  grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
+  # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
+  # at once after their work instead of spinning on the cores the copies use.
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
+  cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+  save
 fi
 
 if [ "$mode" = loader ]; then
