@@ -342,44 +342,6 @@ impl<M> StateCell<M> {
     }
 }
 
-/// Releases of a `DeviceArray`'s DLPack exports whose consumers' streams
-/// may not be past them yet: every later use or free of the array waits
-/// for them (GIL released).
-#[derive(Default)]
-pub struct Releases(Mutex<Vec<host::interop::ReleasePoint>>);
-
-impl Releases {
-    /// Notes a release.
-    pub fn push(&self, point: host::interop::ReleasePoint) {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|p| !p.is_done());
-        v.push(point);
-    }
-
-    /// The releases not passed yet.
-    fn pending(&self) -> Vec<host::interop::ReleasePoint> {
-        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|p| !p.is_done());
-        v.clone()
-    }
-
-    /// Waits (GIL released) until every release noted so far has passed.
-    fn settle(&self) {
-        let pending = self.pending();
-        if pending.is_empty() {
-            return;
-        }
-        Python::attach(|py| {
-            py.detach(|| {
-                for p in pending {
-                    // An error is a broken context: the consumer's work is over.
-                    let _ = p.block();
-                }
-            })
-        });
-    }
-}
-
 /// Device memory of a shape and dtype: allocated here (`Device.empty`), or
 /// a PyTorch/CuPy CUDA array wrapped in place (`as_device_array`).
 ///
@@ -406,7 +368,7 @@ pub struct DeviceArray {
     /// Handed out through `__cuda_array_interface__` (uncounted).
     pub(crate) shared: AtomicBool,
     /// Released DLPack exports whose consumers may still be at work.
-    pub(crate) releases: Arc<Releases>,
+    pub(crate) releases: Arc<crate::dlpack::Releases>,
 }
 
 impl Drop for DeviceArray {

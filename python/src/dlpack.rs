@@ -92,6 +92,44 @@ pub enum Consumer {
     Unknown,
 }
 
+/// Releases of a `DeviceArray`'s DLPack exports whose consumers' streams
+/// may not be past them yet: every later use or free of the array waits
+/// for them (GIL released).
+#[derive(Default)]
+pub struct Releases(std::sync::Mutex<Vec<host::interop::ReleasePoint>>);
+
+impl Releases {
+    /// Notes a release.
+    pub fn push(&self, point: host::interop::ReleasePoint) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|p| !p.is_done());
+        v.push(point);
+    }
+
+    /// The releases not passed yet.
+    pub fn pending(&self) -> Vec<host::interop::ReleasePoint> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|p| !p.is_done());
+        v.clone()
+    }
+
+    /// Waits (GIL released) until every release noted so far has passed.
+    pub fn settle(&self) {
+        let pending = self.pending();
+        if pending.is_empty() {
+            return;
+        }
+        Python::attach(|py| {
+            py.detach(|| {
+                for p in pending {
+                    // An error is a broken context: the consumer's work is over.
+                    let _ = p.block();
+                }
+            })
+        });
+    }
+}
+
 /// A device export's hold on its `DeviceArray`: on release (the consumer's
 /// deleter, or an unconsumed capsule's destructor), the export stops
 /// counting at once (with the release noted in the array's `releases`,
@@ -102,7 +140,7 @@ pub enum Consumer {
 pub struct DeviceKeep {
     pub array: Option<Py<PyAny>>,
     pub exports: Arc<AtomicUsize>,
-    pub releases: Arc<crate::device::Releases>,
+    pub releases: Arc<Releases>,
     pub device: host::Device,
     pub consumer: Consumer,
 }
