@@ -15,12 +15,16 @@
 //!   handle ([`raw_event`]), a foreign CUDA stream waiting on our stream
 //!   ([`foreign_stream_wait`]), and a driver stream of our own to hand to a
 //!   producer's `__dlpack__(stream=...)` ([`HandshakeStream`]).
+//! - Releasing memory a foreign consumer used: a [`ReleasePoint`] that passes
+//!   once a consumer's stream (or the whole device) is past its work
+//!   ([`release_after_foreign_stream`], [`release_after_device_idle`]).
 //!
 //! On the CPU emulation device addresses are host addresses, there are no
 //! driver handles: [`raw_event`] returns `None`, and the CUDA-only calls
 //! return [`Error::BackendUnavailable`].
 
 use crate::backend::BackendKind;
+use crate::completion::Completion;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{
@@ -481,4 +485,195 @@ pub unsafe fn synchronize_foreign_stream(device: &Device, foreign: u64) -> Resul
     unsafe { cudarc::driver::sys::cuStreamSynchronize(foreign as cudarc::driver::sys::CUstream) }
         .result()
         .map_err(drv)
+}
+
+/// A point after which device memory handed to a foreign consumer (a
+/// DLPack or `__cuda_array_interface__` export) may be freed or reused: the
+/// consumer's queued work on it has finished. Made by
+/// [`release_after_foreign_stream`] or [`release_after_device_idle`];
+/// completed by a thread of the crate's own (never the caller's), which
+/// then runs the actions given to [`ReleasePoint::defer`] there.
+#[derive(Clone, Debug)]
+pub struct ReleasePoint {
+    done: Completion,
+}
+
+impl ReleasePoint {
+    fn completed() -> ReleasePoint {
+        let done = Completion::new();
+        done.complete(Ok(()));
+        ReleasePoint { done }
+    }
+
+    /// Whether the point has passed.
+    pub fn is_done(&self) -> bool {
+        self.done.is_done()
+    }
+
+    /// Runs `action` once the point has passed (at once if it has), on the
+    /// crate's release thread: an action must not wait for the GPU.
+    pub fn defer(&self, action: impl FnOnce() + Send + 'static) {
+        self.done.defer(action);
+    }
+
+    /// Blocks the calling thread until the point has passed (release the
+    /// GIL first).
+    ///
+    /// # Errors
+    /// The driver's error while waiting (a broken context): the consumer's
+    /// work is over either way.
+    pub fn block(&self) -> Result<()> {
+        self.done.block()
+    }
+}
+
+/// What the release thread waits for.
+enum ReleaseWait {
+    /// A `CUevent` recorded on a consumer's stream (destroyed after).
+    Event(u64),
+    /// Everything queued on the device (`cuCtxSynchronize`).
+    DeviceIdle,
+}
+
+struct ReleaseJob {
+    device: Device,
+    wait: ReleaseWait,
+    done: Completion,
+}
+
+/// The release thread's queue, with the process that made it (a `fork()`
+/// child makes its own).
+static RELEASER: std::sync::Mutex<Option<(u32, std::sync::mpsc::Sender<ReleaseJob>)>> =
+    std::sync::Mutex::new(None);
+
+fn release_wait(device: &Device, wait: &ReleaseWait) -> Result<()> {
+    match *wait {
+        ReleaseWait::DeviceIdle => device.synchronize(),
+        ReleaseWait::Event(ev) => {
+            let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).map_err(drv)?;
+            ctx.bind_to_thread().map_err(drv)?;
+            // SAFETY: `ev` was created and recorded by
+            // `release_after_foreign_stream`, and is destroyed only here,
+            // once (the driver defers destroying a pending event).
+            unsafe {
+                let r = cudarc::driver::sys::cuEventSynchronize(ev as cudarc::driver::sys::CUevent);
+                cudarc::driver::sys::cuEventDestroy_v2(ev as cudarc::driver::sys::CUevent);
+                r.result().map_err(drv)
+            }
+        }
+    }
+}
+
+/// Hands `job` to the release thread (started on first use). When no
+/// thread can be started, the wait is done here (the caller's thread).
+fn queue_release(job: ReleaseJob) {
+    let pid = std::process::id();
+    let job = {
+        let mut q = crate::completion::lock(&RELEASER);
+        if q.as_ref().is_none_or(|(p, _)| *p != pid) {
+            let (tx, rx) = std::sync::mpsc::channel::<ReleaseJob>();
+            let spawned = std::thread::Builder::new()
+                .name("host-release".into())
+                .spawn(move || {
+                    // One job at a time, in order: a later one waits behind
+                    // an earlier consumer's work at worst (later, never early).
+                    while let Ok(job) = rx.recv() {
+                        let r = release_wait(&job.device, &job.wait);
+                        job.done.complete(r);
+                    }
+                });
+            *q = spawned.ok().map(|_| (pid, tx));
+        }
+        match q.as_ref() {
+            Some((_, tx)) => match tx.send(job) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(job)) => job,
+            },
+            None => job,
+        }
+    };
+    let r = release_wait(&job.device, &job.wait);
+    job.done.complete(r);
+}
+
+/// A [`ReleasePoint`] that passes once everything queued on `device` when
+/// it is made has finished (a device-wide synchronize on the release
+/// thread): the choice when the consumer's stream is unknown (a
+/// `__cuda_array_interface__` export, a DLPack consumer that asked for no
+/// synchronization, the per-thread default stream of a thread that is not
+/// the caller's). Passed at once on the CPU emulation (no streams).
+pub fn release_after_device_idle(device: &Device) -> ReleasePoint {
+    if device.kind() != BackendKind::Cuda {
+        return ReleasePoint::completed();
+    }
+    let done = Completion::new();
+    queue_release(ReleaseJob {
+        device: device.clone(),
+        wait: ReleaseWait::DeviceIdle,
+        done: done.clone(),
+    });
+    ReleasePoint { done }
+}
+
+/// A [`ReleasePoint`] that passes once the work queued so far on the
+/// foreign CUDA stream `foreign` (a consumer's stream, given to
+/// `__dlpack__(stream=...)`) has finished: records an event on `foreign`
+/// now, and the release thread waits for it. The caller does not wait.
+/// When the event can't be recorded (the stream is gone, say), the point
+/// is a device-wide synchronize instead ([`release_after_device_idle`]):
+/// later, never early. Passed at once on the CPU emulation.
+///
+/// # Safety
+/// `foreign` is a stream handle of `device`'s primary context (what PyTorch
+/// and CuPy use) that is still alive, or 0 / 1 (`CU_STREAM_LEGACY`, the
+/// legacy default stream) or 2 (`CU_STREAM_PER_THREAD`: the calling
+/// thread's per-thread default stream).
+pub unsafe fn release_after_foreign_stream(device: &Device, foreign: u64) -> ReleasePoint {
+    if device.kind() != BackendKind::Cuda {
+        return ReleasePoint::completed();
+    }
+    // SAFETY: the caller's contract.
+    match unsafe { record_on_foreign_stream(device, foreign) } {
+        Ok(ev) => {
+            let done = Completion::new();
+            queue_release(ReleaseJob {
+                device: device.clone(),
+                wait: ReleaseWait::Event(ev),
+                done: done.clone(),
+            });
+            ReleasePoint { done }
+        }
+        Err(e) => {
+            log::warn!(
+                "recording on the consumer's stream {foreign:#x} failed ({e}): the release \
+                 waits for the whole device instead"
+            );
+            release_after_device_idle(device)
+        }
+    }
+}
+
+/// A new (blocking-sync, untimed) `CUevent` recorded on `foreign`.
+///
+/// # Safety
+/// As [`release_after_foreign_stream`].
+unsafe fn record_on_foreign_stream(device: &Device, foreign: u64) -> Result<u64> {
+    use cudarc::driver::sys;
+    let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).map_err(drv)?;
+    ctx.bind_to_thread().map_err(drv)?;
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+        | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+    // SAFETY: an out-pointer to a local; the context is current.
+    unsafe { sys::cuEventCreate(&mut ev, flags) }
+        .result()
+        .map_err(drv)?;
+    // SAFETY: `ev` is the event just made; `foreign` per the caller's contract.
+    let r = unsafe { sys::cuEventRecord(ev, foreign as sys::CUstream) };
+    if let Err(e) = r.result() {
+        // SAFETY: ours, never recorded: nobody else has it.
+        unsafe { sys::cuEventDestroy_v2(ev) };
+        return Err(drv(e));
+    }
+    Ok(ev as u64)
 }

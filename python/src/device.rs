@@ -349,7 +349,11 @@ impl<M> StateCell<M> {
 /// holds it, the array can't be freed or given to an operation) and
 /// `__cuda_array_interface__` (not counted: once asked for, the array can't be
 /// freed or given to an operation any more; it is freed when the last
-/// reference goes). On the CPU emulation both raise `BufferError`: there
+/// reference goes, after a device-wide synchronize, since the interface
+/// never says which stream its consumers used). A DLPack export's release
+/// waits for the consumer's stream given to `__dlpack__(stream=...)`: the
+/// memory is freed, and the array used again, only once that stream is
+/// past the release. On the CPU emulation both raise `BufferError`: there
 /// device memory is host memory that no GPU library can use; use
 /// `download()` or a copy into a `PinnedBuffer`.
 #[pyclass(module = "gpufeed", frozen)]
@@ -363,6 +367,24 @@ pub struct DeviceArray {
     pub(crate) exports: Arc<AtomicUsize>,
     /// Handed out through `__cuda_array_interface__` (uncounted).
     pub(crate) shared: AtomicBool,
+    /// Released DLPack exports whose consumers may still be at work.
+    pub(crate) releases: Arc<crate::dlpack::Releases>,
+}
+
+impl Drop for DeviceArray {
+    /// An array handed out through `__cuda_array_interface__` is freed only
+    /// after a device-wide synchronize (on the release thread; this thread
+    /// does not wait): its consumers' streams are unknown. Otherwise the
+    /// memory goes at once (the usual stream-ordered free).
+    fn drop(&mut self) {
+        if !self.shared.load(Ordering::SeqCst) || self.device.kind() != BackendKind::Cuda {
+            return;
+        }
+        let state = std::mem::replace(&mut *self.state.lock(), State::Freed("dropped".into()));
+        if let State::Ready(mem) = state {
+            host::interop::release_after_device_idle(&self.device).defer(move || drop(mem));
+        }
+    }
 }
 
 impl DeviceArray {
@@ -377,12 +399,34 @@ impl DeviceArray {
             device: device.clone(),
             exports: Arc::default(),
             shared: AtomicBool::new(false),
+            releases: Arc::default(),
         })
+    }
+
+    /// Moves the memory out (state: in-flight) once every released DLPack
+    /// export's consumer is past its release (waited for, GIL released),
+    /// and `check` passes.
+    fn take_settled(&self, check: impl Fn(&DevMem) -> PyResult<()>) -> PyResult<DevMem> {
+        loop {
+            self.releases.settle();
+            let mut again = false;
+            let r = self.state.take("the device array", |m| {
+                // A release since the wait: wait for it too.
+                if !self.releases.pending().is_empty() {
+                    again = true;
+                    return Err(buffer_error("a DLPack export was just released"));
+                }
+                check(m)
+            });
+            if !again {
+                return r;
+            }
+        }
     }
 
     /// Moves the memory out for an operation (state: in-flight).
     pub(crate) fn take_for_operation(&self) -> PyResult<DevMem> {
-        self.state.take("the device array", |_| {
+        self.take_settled(|_| {
             let n = self.exports.load(Ordering::SeqCst);
             if n > 0 {
                 return Err(buffer_error(format!(
@@ -403,18 +447,46 @@ impl DeviceArray {
 
     /// Runs `f` on the memory of an array allocated here, moved out for the
     /// call (state: in-flight, so any other use meanwhile gets a
-    /// `BufferError` instead of waiting), and puts it back after.
+    /// `BufferError` instead of waiting), and puts it back after. `f` may
+    /// write: released DLPack exports' consumers are waited for first (GIL
+    /// released).
     pub(crate) fn with_own<R>(
         &self,
         what: &str,
         f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,
     ) -> PyResult<R> {
-        let mut mem = self.state.take("the device array", |m| match m {
+        self.with_own_inner(what, true, f)
+    }
+
+    /// As [`DeviceArray::with_own`], for an `f` that only reads: a released
+    /// export's consumer still reading is no conflict, so nothing is waited
+    /// for and the GIL is never released here (a caller may hold a view of
+    /// NumPy memory that only the GIL keeps in place).
+    pub(crate) fn with_own_read<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,
+    ) -> PyResult<R> {
+        self.with_own_inner(what, false, f)
+    }
+
+    fn with_own_inner<R>(
+        &self,
+        what: &str,
+        writes: bool,
+        f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,
+    ) -> PyResult<R> {
+        let check = |m: &DevMem| match m {
             DevMem::Own(_) => Ok(()),
             DevMem::Foreign { .. } => Err(buffer_error(format!(
                 "{what} works on arrays allocated by gpufeed"
             ))),
-        })?;
+        };
+        let mut mem = if writes {
+            self.take_settled(check)?
+        } else {
+            self.state.take("the device array", check)?
+        };
         let result = match &mut mem {
             DevMem::Own(buf) => f(buf),
             DevMem::Foreign { .. } => Err(buffer_error("not an array allocated by gpufeed")),
@@ -478,9 +550,11 @@ impl DeviceArray {
         Ok(self.state.lock().get("the device array")?.addr())
     }
 
-    /// Frees the memory now (refused while exported or in flight).
+    /// Frees the memory now (refused while exported or in flight). After a
+    /// DLPack export's release, waits (GIL released) until the consumer's
+    /// stream given at export is past it.
     fn free(&self) -> PyResult<()> {
-        let mem = self.state.take("the device array", |_| {
+        let mem = self.take_settled(|_| {
             let n = self.exports.load(Ordering::SeqCst);
             if n > 0 || self.shared.load(Ordering::SeqCst) {
                 return Err(buffer_error(
@@ -520,7 +594,7 @@ impl DeviceArray {
     /// The contents as a new NumPy array (a synchronous copy, GIL released).
     fn download<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let mut out = vec![0u8; self.nbytes];
-        self.with_own("download()", |buf| {
+        self.with_own_read("download()", |buf| {
             py.detach(|| buf.copy_to_host_sync(&mut out)).py()
         })?;
         crate::buffer::numpy_from_bytes(py, &out, self.dtype, &self.shape)
@@ -551,7 +625,12 @@ impl DeviceArray {
     }
 
     /// DLPack export (CUDA only): `(kDLCUDA, ordinal)`. `stream` is the
-    /// consumer's; a ready array has no pending work, so nothing is enqueued.
+    /// consumer's; a ready array has no pending work, so nothing is enqueued
+    /// now. The release waits for it: the memory is freed (and the array
+    /// used again) only once that stream is past the point where the
+    /// consumer let go. `None` or 1: the legacy default stream; 2 (the
+    /// per-thread default stream) and -1 (no synchronization): a
+    /// device-wide synchronize, the consumer's stream being unknown then.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
@@ -560,9 +639,9 @@ impl DeviceArray {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = stream;
         let this = slf.get();
         this.cuda_only("__dlpack__")?;
+        let consumer = consumer_stream(stream)?;
         if copy == Some(true) {
             return Err(buffer_error(
                 "__dlpack__(copy=True) is not supported: export without a copy",
@@ -591,10 +670,13 @@ impl DeviceArray {
             shape: this.shape.iter().map(|&d| d as i64).collect(),
             readonly: false,
         };
-        let keep = crate::dlpack::Keep::Device {
-            _array: slf.clone().unbind().into_any(),
+        let keep = crate::dlpack::Keep::Device(crate::dlpack::DeviceKeep {
+            array: Some(slf.clone().unbind().into_any()),
             exports,
-        };
+            releases: this.releases.clone(),
+            device: this.device.clone(),
+            consumer,
+        });
         crate::dlpack::export(slf.py(), spec, keep, max_version)
     }
 
@@ -611,6 +693,29 @@ impl DeviceArray {
             self.dtype.name(),
             self.state.name()
         )
+    }
+}
+
+/// The consumer's stream of `__dlpack__(stream=...)` (CUDA): None or 1
+/// the legacy default stream; 0, which DLPack disallows for CUDA, read as
+/// the NULL stream, which is the legacy default stream too; 2, the
+/// per-thread default stream, is that of the consumer's thread, which the
+/// release may not run on: unknown, as is -1 (no synchronization asked).
+fn consumer_stream(stream: Option<&Bound<'_, PyAny>>) -> PyResult<crate::dlpack::Consumer> {
+    use crate::dlpack::Consumer;
+    let Some(s) = stream.filter(|s| !s.is_none()) else {
+        return Ok(Consumer::Stream(1));
+    };
+    let handle: i128 = s.extract().map_err(|_| {
+        PyTypeError::new_err("__dlpack__(stream=...) takes an integer stream handle or None")
+    })?;
+    match handle {
+        -1 | 2 => Ok(Consumer::Unknown),
+        0 | 1 => Ok(Consumer::Stream(1)),
+        h if h > 2 && h <= u64::MAX as i128 => Ok(Consumer::Stream(h as u64)),
+        h => Err(PyValueError::new_err(format!(
+            "__dlpack__(stream={h}): not a CUDA stream handle (None, -1, 1, 2 or a handle)"
+        ))),
     }
 }
 
@@ -666,6 +771,7 @@ pub fn as_device_array(
         device,
         exports: Arc::default(),
         shared: AtomicBool::new(false),
+        releases: Arc::default(),
     })
 }
 

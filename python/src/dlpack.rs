@@ -77,17 +77,94 @@ pub enum Keep {
     /// A memoryview of a `PinnedBuffer` (a counted export).
     Host(#[allow(dead_code)] Py<PyAny>),
     /// A `DeviceArray` and its count of DLPack exports.
-    Device {
-        _array: Py<PyAny>,
-        exports: Arc<AtomicUsize>,
-    },
+    Device(DeviceKeep),
 }
 
-impl Drop for Keep {
-    fn drop(&mut self) {
-        if let Keep::Device { exports, .. } = self {
-            exports.fetch_sub(1, Ordering::SeqCst);
+/// Which stream the consumer of a device export works on: the release
+/// waits for it.
+#[derive(Clone, Copy, Debug)]
+pub enum Consumer {
+    /// A stream handle (1: the legacy default stream) that stays valid in
+    /// the device's primary context while the consumer uses the tensor.
+    Stream(u64),
+    /// Unknown (`stream=-1`, or the per-thread default stream of a thread
+    /// the release may not run on): the release waits for the whole device.
+    Unknown,
+}
+
+/// Releases of a `DeviceArray`'s DLPack exports whose consumers' streams
+/// may not be past them yet: every later use or free of the array waits
+/// for them (GIL released).
+#[derive(Default)]
+pub struct Releases(std::sync::Mutex<Vec<host::interop::ReleasePoint>>);
+
+impl Releases {
+    /// Notes a release.
+    pub fn push(&self, point: host::interop::ReleasePoint) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|p| !p.is_done());
+        v.push(point);
+    }
+
+    /// The releases not passed yet.
+    pub fn pending(&self) -> Vec<host::interop::ReleasePoint> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|p| !p.is_done());
+        v.clone()
+    }
+
+    /// Waits (GIL released) until every release noted so far has passed.
+    pub fn settle(&self) {
+        let pending = self.pending();
+        if pending.is_empty() {
+            return;
         }
+        Python::attach(|py| {
+            py.detach(|| {
+                for p in pending {
+                    // An error is a broken context: the consumer's work is over.
+                    let _ = p.block();
+                }
+            })
+        });
+    }
+}
+
+/// A device export's hold on its `DeviceArray`: on release (the consumer's
+/// deleter, or an unconsumed capsule's destructor), the export stops
+/// counting at once (with the release noted in the array's `releases`,
+/// which every later use and free of the array waits for), but the array
+/// itself (so its memory) is let go only once the consumer's stream, as
+/// given at export, is past the point of release: the consumer's queued
+/// kernels may still read it.
+pub struct DeviceKeep {
+    pub array: Option<Py<PyAny>>,
+    pub exports: Arc<AtomicUsize>,
+    pub releases: Arc<Releases>,
+    pub device: host::Device,
+    pub consumer: Consumer,
+}
+
+impl Drop for DeviceKeep {
+    fn drop(&mut self) {
+        let point = match self.consumer {
+            // SAFETY: the handle the consumer gave `__dlpack__(stream=...)`
+            // for its use of the tensor, which it is still using until this
+            // release (DLPack: the consumer keeps the stream alive while it
+            // uses the tensor); 1 is the legacy default stream. If recording
+            // fails anyway, the point is a device-wide synchronize.
+            Consumer::Stream(h) => unsafe {
+                host::interop::release_after_foreign_stream(&self.device, h)
+            },
+            Consumer::Unknown => host::interop::release_after_device_idle(&self.device),
+        };
+        // Noted before the count drops: whoever sees no export sees the release.
+        self.releases.push(point.clone());
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+        // Dropping a `Py` without the GIL (on the release thread) defers the
+        // decref: the array is freed later, on a thread holding the GIL.
+        let array = self.array.take();
+        point.defer(move || drop(array));
     }
 }
 

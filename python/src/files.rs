@@ -116,7 +116,7 @@ fn drain_to_file(
     progress: &mut Progress<'_>,
 ) -> PyResult<()> {
     let staging = crate::staging::engine_for(py, &array.device)?;
-    array.with_own("save", |buf| {
+    array.with_own_read("save", |buf| {
         let len = buf.len();
         let step = progress.step(len);
         let mut pos = 0;

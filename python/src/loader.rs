@@ -682,6 +682,7 @@ impl Loader {
                 device: self.device.clone(),
                 exports: Arc::default(),
                 shared: AtomicBool::new(false),
+                releases: Arc::default(),
             },
         )?;
         match self.framework {

@@ -143,7 +143,7 @@ pub fn to_host<'py>(
             view.len, a.nbytes
         )));
     }
-    a.with_own("to_host()", |buf| {
+    a.with_own_read("to_host()", |buf| {
         // SAFETY: the export keeps `len` writable bytes at `ptr` while
         // `view` lives; the GIL is held, so no Python code (which could
         // replace the memory) runs until the copy returns.

@@ -212,3 +212,58 @@ def test_pin_in_place_on_cuda(cuda_device):
 def test_compare_sync_async_on_cuda(cuda_device):
     r = gpufeed.compare_sync_async(10_000_000, cuda_device)
     assert r["correct"] and r["backend"] == "cuda"
+
+
+@pytest.mark.parametrize("how", ["from_dlpack", "capsule", "no_sync", "free", "cai"])
+def test_export_release_waits_for_the_consumer_stream(cuda_device, torch_cuda, how):
+    """A DeviceArray exported to torch on a side stream and let go while
+    torch's kernel on it is still queued (behind a ~100 ms spin): its memory
+    must not be freed and reused (new arrays filled with NaN) before that
+    kernel has read it. `how`: torch.from_dlpack with the side stream
+    current (torch passes its handle); a capsule made with the handle
+    given by hand; stream=-1 (no sync: the release waits for the device);
+    the array freed with free() after the tensor dies (it waits); the
+    __cuda_array_interface__ (freed after a device-wide synchronize)."""
+    import gc
+
+    torch = torch_cuda
+    n = 1 << 22  # 16 MiB
+    x = random_f32(n, seed=7)
+    arr = cuda_device.empty(n)
+    arr.upload(x)
+    ptr = arr.ptr
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        if how == "capsule":
+            t = torch.from_dlpack(arr.__dlpack__(stream=s.cuda_stream))
+        elif how == "no_sync":
+            t = torch.from_dlpack(arr.__dlpack__(stream=-1))
+        elif how == "cai":
+            t = torch.as_tensor(arr, device="cuda")
+        else:
+            t = torch.from_dlpack(arr)  # __dlpack__(stream=<s's handle>)
+        assert t.data_ptr() == ptr
+        torch.cuda._sleep(200_000_000)  # ~100 ms before the read below
+        y = t * 2
+    # The export released while `y = t * 2` is still queued on `s`.
+    del t
+    gc.collect()
+    if how == "free":
+        arr.free()  # waits (GIL released) for `s` to pass the release
+    del arr
+    gc.collect()
+    nan = np.full(n, np.nan, dtype=np.float32)
+    reused = 0
+    for _ in range(8):
+        d = cuda_device.empty(n)
+        reused += d.ptr == ptr
+        d.upload(nan)  # synchronous: done before the next allocation
+        del d
+    s.synchronize()
+    print(f"{how}: the freed address came back {reused} time(s) of 8")
+    expect = (x * np.float32(2)).view(np.uint32)
+    got = y.cpu().numpy().view(np.uint32)
+    assert np.array_equal(got, expect), (
+        f"{how}: torch's kernel read memory reused after the export's release"
+    )
+    torch.cuda.synchronize()
