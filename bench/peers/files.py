@@ -80,7 +80,9 @@ def write_safetensors(path, tensors):
 
 def kvikio_threads(kvikio, n):
     """Sets KvikIO's thread pool size (its API changed over releases)."""
-    d = kvikio.defaults
+    import importlib
+
+    d = importlib.import_module("kvikio.defaults")  # a submodule: not imported by `import kvikio`
     if hasattr(d, "set"):
         try:
             d.set({"num_threads": n})

@@ -3,7 +3,10 @@
 //! where the driver and the file system support it; the staging ring
 //! otherwise ([`Staging::file_route`](crate::Staging::file_route)).
 //!
-//! The probe, once per process: is `libcufile` loadable; does
+//! The probe, once per process: is the `nvidia-fs` kernel module loaded
+//! (`/proc/driver/nvidia-fs`; without it cuFile can only run in
+//! compatibility mode, unless the platform offers NVMe P2P DMA: set
+//! `HOST_GDS=probe` to open the driver anyway); is `libcufile` loadable; does
 //! `cuFileDriverOpen` succeed; do the driver's properties show a storage
 //! type it reaches natively (the `nvidia-fs` kernel driver or NVMe P2P DMA:
 //! `dstatusflags` non-zero)? A driver with none runs in compatibility mode,
@@ -29,6 +32,11 @@ pub enum GdsStatus {
     },
     /// The device is the CPU emulation.
     NotCuda,
+    /// The `nvidia-fs` kernel module is not loaded, and `HOST_GDS=probe`
+    /// doesn't ask for the cuFile driver to be opened anyway (opening it
+    /// costs time, and `libcufile` leaves an allocation and a failed free
+    /// behind that compute-sanitizer reports).
+    NoKernelModule,
     /// `libcufile` is not found by the dynamic loader.
     NoLibrary,
     /// `cuFileDriverOpen` failed (its error).
@@ -56,6 +64,11 @@ impl std::fmt::Display for GdsStatus {
                 "GPUDirect Storage available (nvidia-fs {a}.{b}, storage flags {dstatusflags:#x})"
             ),
             GdsStatus::NotCuda => write!(f, "no GPUDirect Storage: the CPU emulation"),
+            GdsStatus::NoKernelModule => write!(
+                f,
+                "no GPUDirect Storage: the nvidia-fs kernel module is not loaded \
+                 (HOST_GDS=probe opens the cuFile driver anyway)"
+            ),
             GdsStatus::NoLibrary => write!(
                 f,
                 "no GPUDirect Storage: libcufile not found by the dynamic loader"
@@ -80,6 +93,10 @@ fn driver_probe() -> GdsStatus {
     PROBE
         .get_or_init(|| {
             use cudarc::cufile::{result, sys};
+            let asked = std::env::var("HOST_GDS").is_ok_and(|v| v == "probe");
+            if !asked && !std::path::Path::new("/proc/driver/nvidia-fs").exists() {
+                return GdsStatus::NoKernelModule;
+            }
             // SAFETY: only tries the loader; loads nothing else.
             if !unsafe { sys::is_culib_present() } {
                 return GdsStatus::NoLibrary;

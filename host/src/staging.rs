@@ -47,7 +47,7 @@
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
-pub use crate::direct_io::{FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES};
+pub use crate::direct_io::{FileIo, DIRECT_IO_ALIGN};
 use crate::error::{byte_size, Error, Result};
 use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
@@ -446,8 +446,7 @@ impl Staging {
     }
 
     /// Reads `range.len()` values from `file`, starting at byte `at`, into
-    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: `O_DIRECT` for a
-    /// file mostly outside the page cache, buffered otherwise; see
+    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: buffered; see
     /// [`StagedCopy::file_io`] for the way taken). Reading a large file in
     /// ranges lets the caller report progress between them.
     ///
@@ -470,8 +469,7 @@ impl Staging {
         let mut copy = self.start(dst, range.start, len, Dir::FileIn { file, at });
         copy.fail_unless(ordered(&range));
         if matches!(copy.state, State::Running) && len > 0 {
-            let bytes = (len * std::mem::size_of::<T>()) as u64;
-            match crate::direct_io::choose(file, at, bytes, io, self.engine.config.block_bytes) {
+            match crate::direct_io::choose(file, io, self.engine.config.block_bytes) {
                 Ok(direct) => {
                     copy.file_io = Some(if direct.is_some() {
                         FileIo::Direct

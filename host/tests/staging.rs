@@ -542,8 +542,8 @@ fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Dev
                     Err(e) => panic!("direct read at {at} len {len}: {e:?}"),
                 }
             }
-            // Auto: a cached file is read buffered, an evicted one (on a
-            // file system that takes O_DIRECT) direct.
+            // Auto: buffered, the file cached or evicted (buffered reads
+            // were the faster both ways on the H200 machine).
             assert_eq!(std::fs::read(&path).unwrap(), bytes);
             let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
             assert_eq!(first_diff(&got, &words), None);
@@ -551,10 +551,7 @@ fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Dev
             evict(&file);
             let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
             assert_eq!(first_diff(&got, &words), None);
-            let direct_ok = read_words(&staging, &file, 4096, 4, FileIo::Direct).is_ok();
-            if direct_ok {
-                assert_eq!(way, Some(FileIo::Direct), "an evicted file read buffered");
-            }
+            assert_eq!(way, Some(FileIo::Buffered), "an evicted file read direct");
         }
         // A file that ends inside the aligned middle, read direct: the
         // error of a truncated file.

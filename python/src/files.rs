@@ -1,8 +1,8 @@
 //! Files to the device and back: `load` / `save` (`.npy`), `load_safetensors`
 //! / `save_safetensors` and `read_file` (raw bytes), through the staging
 //! engine's ring (parallel `pread`s by native threads into pinned blocks,
-//! each block's DMA overlapping the next reads; `O_DIRECT` for files
-//! outside the page cache, see `direct=`). The GIL is released while the
+//! each block's DMA overlapping the next reads; buffered unless
+//! `direct=True` asks for `O_DIRECT`). The GIL is released while the
 //! file is read or written: only the file and device memory of ours are
 //! touched. With `progress=`, a file is read or written in ranges of
 //! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
@@ -161,9 +161,9 @@ fn finish_atomically(
 /// `read_file(path, dtype, shape=None, offset=0, device=None, direct=None,
 /// progress=None)`: the raw bytes of `path` from `offset`, as a new
 /// `DeviceArray` of `dtype` and `shape` (default: as many elements as the
-/// rest of the file holds). `direct`: `None` reads with `O_DIRECT` a file
-/// mostly outside the page cache (where the file system allows), `True`
-/// always (`OSError` where the file system refuses), `False` never.
+/// rest of the file holds). `direct`: `None` or `False` reads buffered
+/// (the faster, cold or warm, on the H200 machine), `True` with `O_DIRECT`
+/// (`OSError` where the file system refuses): no page cache filled.
 /// `progress(done_bytes, total_bytes)` is called every 64 MiB.
 ///
 /// Raises `OSError` (missing file, a directory, permission denied;
@@ -555,7 +555,7 @@ pub fn save_safetensors(
 /// `gds_status(device=None)`: what the GPUDirect Storage probe found for the
 /// device, as a dict: `available` (bool: file reads that go `O_DIRECT`
 /// use cuFile, straight into device memory, where the file's system is
-/// supported), `reason` (`"available"`, `"not_cuda"`, `"no_library"`,
+/// supported), `reason` (`"available"`, `"not_cuda"`, `"no_kernel_module"`, `"no_library"`,
 /// `"driver_open_failed"`, `"compatibility_mode_only"`) and `message`.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
@@ -566,6 +566,7 @@ pub fn gds_status<'py>(py: Python<'py>, device: Option<&Device>) -> PyResult<Bou
     let reason = match &status {
         G::Available { .. } => "available",
         G::NotCuda => "not_cuda",
+        G::NoKernelModule => "no_kernel_module",
         G::NoLibrary => "no_library",
         G::DriverOpenFailed(_) => "driver_open_failed",
         G::CompatibilityModeOnly { .. } => "compatibility_mode_only",
