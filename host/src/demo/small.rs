@@ -988,7 +988,7 @@ pub fn print(res: &Results) {
         .iter()
         .any(|r| r.mode.is_raw() && r.ops_per_s.is_some());
     println!(
-        "\nsmall copies: copies per second (medians of {rounds} rounds) and GB/s; one stream but for 64 4 strms."
+        "\nsmall copies: copies per second (medians of {rounds} rounds) and GB/s; every mode on one stream except \"64 4 strms\" (four)."
     );
     println!("  run_sync 1  each copy waited for on the calling thread (Stream::run_sync) before the next");
     println!(
