@@ -1,6 +1,7 @@
 //! Pipeline runs over ordinary slices: [`Pipeline::run_slices`].
 //!
-//! The input is cut into windows. Each window is copied into a pinned
+//! The input is cut into windows of the staging engine's block size
+//! (8 MiB by default). Each window is copied into a pinned
 //! buffer by the staging engine's workers, pushed through
 //! [`Pipeline::run_stage`] (chunked H2D → stage → D2H on the pipeline's
 //! streams), and its result copied out of pinned memory into the output by
@@ -17,11 +18,8 @@ use bytemuck::Pod;
 use std::collections::VecDeque;
 use std::ops::Range;
 
-/// Bytes of the wider element type per window.
-pub(crate) const WINDOW_BYTES: usize = 8 << 20;
-
-/// Windows in flight: at most `DEPTH` × [`WINDOW_BYTES`] of pinned memory
-/// each way (64 MiB in all).
+/// Windows in flight: at most `DEPTH` windows of the engine's block size
+/// of pinned memory each way (64 MiB in all by default).
 pub(crate) const DEPTH: usize = 4;
 
 type WindowJob<A, B> = Job<((PooledBuffer<A>,), (PooledBuffer<B>,)), RunInfo>;
@@ -33,7 +31,9 @@ impl Pipeline {
     /// `output`, the host copies of neighbouring windows overlapping the
     /// device's work. Resolves when all of `output` is written.
     ///
-    /// Each window is one run of [`Pipeline::run_stage`] with one input and
+    /// A window is as many elements of the wider type as fill one of the
+    /// engine's blocks ([`crate::StagingConfig::block_bytes`]); each is one
+    /// run of [`Pipeline::run_stage`] with one input and
     /// one output array ([`Chunk::input`] `0`, [`Chunk::output`] `0`), cut
     /// by [`Plan::auto_for`]; `stage` runs once per chunk of every window.
     ///
@@ -88,7 +88,8 @@ impl Pipeline {
         }
         staging.same_device(self.device())?;
         let n = input.len();
-        let window = (WINDOW_BYTES / size_of::<A>().max(size_of::<B>()).max(1)).max(1);
+        let widest = size_of::<A>().max(size_of::<B>()).max(1);
+        let window = (staging.config().block_bytes / widest).max(1);
         let mut in_flight: VecDeque<(Range<usize>, WindowJob<A, B>)> = VecDeque::new();
         let mut next = 0;
         loop {

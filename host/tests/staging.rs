@@ -617,9 +617,9 @@ fn a_pipeline_over_ordinary_slices_computes_every_element(device: host::Device) 
     let mut rng = fastrand::Rng::with_seed(0x511c);
     let staging = small(&device, Route::Auto, 2);
     let pipe = host::Pipeline::new(&device, 3).unwrap();
-    // Windows are 8 MiB (2^21 floats): none, one element, one partial
-    // window, and three windows with a ragged last one.
-    for n in [0, 1, 1000, (2 << 21) + 12_345] {
+    // Windows are the engine's blocks (64 KiB + 4: 16,385 floats): none,
+    // one element, one partial window, and many with a ragged last one.
+    for n in [0, 1, 1000, 16_385 * 7 + 123] {
         let x = random_floats(n, &mut rng);
         let mut y = vec![f32::NAN; n];
         futures::executor::block_on(triple(&pipe, &staging, &x, &mut y)).unwrap();
@@ -632,7 +632,7 @@ fn a_pipeline_over_slices_dropped_at_any_point_frees_them_at_once(device: host::
     let mut rng = fastrand::Rng::with_seed(0x5117);
     let staging = small(&device, Route::Auto, 2);
     let pipe = host::Pipeline::new(&device, 2).unwrap();
-    let n = (1 << 21) * 3 + 7;
+    let n = 16_385 * 9 + 7;
     for polls in [0, 1, 2, 5] {
         let mut x = random_floats(n, &mut rng);
         let mut y = vec![f32::NAN; n];
