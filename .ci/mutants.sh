@@ -46,6 +46,7 @@ checks() {
   loader-gather-wrong-row)
     echo "cargo test -q -p host --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
     echo "cargo test -q -p host --test loader -- --exact a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe::cpu"
+    echo "$demo loader --small"
     ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.

@@ -60,6 +60,17 @@ enum Cmd {
         #[arg(long)]
         sweep_bytes: Option<usize>,
     },
+    /// Shuffled rows of a Vec gathered into batches on the device by the
+    /// Loader, every batch of a first epoch checked, against the pinned
+    /// copy of the same bytes.
+    Loader {
+        /// Small sizes (what CI runs).
+        #[arg(long)]
+        small: bool,
+        /// Timed epochs per batch size.
+        #[arg(long)]
+        reps: Option<usize>,
+    },
     /// A file to the device through the staging ring, warm (page cache)
     /// and cold (evicted; O_DIRECT and buffered), every byte checked,
     /// against the disk's own O_DIRECT rate and the staged copy from
@@ -256,6 +267,11 @@ fn run(cli: Cli) -> host::Result<()> {
             c.reps = reps.unwrap_or(c.reps).max(1);
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
             demo::staging::run(&device, &c, &out).map(|_| ())
+        }
+        Cmd::Loader { small, reps } => {
+            let mut c = demo::loader::Config::for_device(&device, small);
+            c.reps = reps.unwrap_or(c.reps).max(1);
+            demo::loader::run(&device, &c, &out).map(|_| ())
         }
         Cmd::Files {
             bytes,

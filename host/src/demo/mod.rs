@@ -10,6 +10,7 @@ pub mod fmt;
 pub mod kernels;
 pub mod latency;
 pub mod load;
+pub mod loader;
 pub mod multi_gpu;
 pub mod pipeline;
 pub mod plots;
@@ -353,6 +354,8 @@ pub fn full(
         &files::Config::new(small || device.kind() == BackendKind::Cpu),
         out,
     )?;
+    println!("\n== a loader for training loops: shuffled rows gathered into batches on the device");
+    loader::run(device, &loader::Config::for_device(device, small), out)?;
     println!("\n== small transfers: 4 KiB to 4 MiB copies, one and 64 in flight");
     small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);

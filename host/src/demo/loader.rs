@@ -1,0 +1,223 @@
+//! `host loader`: batches of rows gathered by index from an ordinary `Vec`
+//! (shuffled: random rows) to the device by [`host::Loader`], against the
+//! pinned copy of the same bytes in the same run.
+//!
+//! Every batch of a first (untimed) epoch is read back into poisoned memory
+//! and compared with a plain gather of the rows the epoch's order names;
+//! then `reps` timed epochs of another seed's order.
+
+use super::fmt::size;
+use super::report::{cell, median, write_json, Meta};
+use host::{
+    block_on, epoch_indices, Device, DeviceBuffer, Loader, LoaderConfig, PinnedHost, PinnedPool,
+    RowSource, Stream,
+};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+const POISON: u32 = 0xDEAD_BEEF;
+
+/// The array and batch sizes of one run.
+pub struct Config {
+    pub array_bytes: usize,
+    pub row_bytes: usize,
+    pub batch_bytes: Vec<usize>,
+    /// Timed epochs per batch size (medians are quoted).
+    pub reps: usize,
+}
+
+impl Config {
+    pub fn for_device(device: &Device, small: bool) -> Config {
+        if small || device.kind() == host::BackendKind::Cpu {
+            Config {
+                array_bytes: 16 << 20,
+                row_bytes: 4096,
+                batch_bytes: vec![1 << 20],
+                reps: 2,
+            }
+        } else {
+            Config {
+                array_bytes: 1 << 30,
+                row_bytes: 4096,
+                batch_bytes: vec![1 << 20, 8 << 20, 16 << 20, 64 << 20],
+                reps: 5,
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct Row {
+    pub batch_bytes: usize,
+    pub batches_per_epoch: usize,
+    /// GB/s of batch bytes delivered: medians of `reps` epochs.
+    pub loader_gbps: Option<f64>,
+    /// One DMA of a whole epoch's bytes from pinned memory (the link).
+    pub pinned_gbps: Option<f64>,
+    pub loader_over_pinned: Option<f64>,
+    /// Every batch of the verification epoch equal to a plain gather.
+    pub verified: bool,
+}
+
+#[derive(Serialize)]
+pub struct Results {
+    pub meta: Meta,
+    pub array_bytes: usize,
+    pub row_bytes: usize,
+    pub reps: usize,
+    pub rows: Vec<Row>,
+}
+
+/// The rows `order` names, one after another: a plain loop.
+fn gather(src: &[u32], row_len: usize, order: &[usize]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(order.len() * row_len);
+    for &r in order {
+        out.extend_from_slice(&src[r * row_len..(r + 1) * row_len]);
+    }
+    out
+}
+
+/// Random words, never the poison.
+fn words(n: usize) -> Vec<u32> {
+    let mut v = vec![0u32; n];
+    v.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| {
+        let mut s = 0x10ad_u64 ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for x in c {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *x = (s >> 16) as u32;
+            if *x == POISON {
+                *x = 1;
+            }
+        }
+    });
+    v
+}
+
+pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results> {
+    let row_len = (config.row_bytes / 4).max(1);
+    let n_rows = (config.array_bytes / 4 / row_len).max(1);
+    let data = words(n_rows * row_len);
+    let stream = Stream::new(device)?;
+    let pool = PinnedPool::new(device);
+    let mut rows = Vec::new();
+    println!(
+        "   {} array of {} rows, shuffled batches; GB/s, medians of {} epochs; every batch of a first epoch checked",
+        size(config.array_bytes),
+        size(row_len * 4),
+        config.reps
+    );
+    println!(
+        "   {:>9} {:>8} {:>10} {:>10} {:>8}",
+        "batch", "batches", "loader", "pinned", "ratio"
+    );
+    for &batch_bytes in &config.batch_bytes {
+        let batch_rows = (batch_bytes / (row_len * 4)).clamp(1, n_rows);
+        let mut lc = LoaderConfig::new(batch_rows);
+        lc.shuffle = true;
+        lc.seed = 7;
+        lc.drop_last = true;
+        let fields = vec![RowSource::new(&data, row_len)?];
+        let mut loader = Loader::<u32>::new(device, fields, lc)?;
+        // Verification epoch: every batch read back into poisoned memory.
+        let order = epoch_indices(n_rows, &lc, 0);
+        loader.start_epoch(0, 0);
+        let (mut verified, mut seen, mut got) = (true, 0, Vec::new());
+        while let Some(batch) = block_on(futures::StreamExt::next(&mut loader)) {
+            let mut batch = batch?;
+            let want = &order[seen..seen + batch.rows];
+            got.clear();
+            got.resize(batch.fields[0].len(), POISON);
+            batch.fields[0].copy_to_host_sync(&mut got)?;
+            verified &= got == gather(&data, row_len, want);
+            seen += batch.rows;
+        }
+        verified &= seen == loader.len() * batch_rows;
+        // Timed epochs (a batch is dropped as soon as it arrives: its
+        // device memory goes back as a training step's would).
+        let mut gbps = Vec::new();
+        for rep in 0..config.reps {
+            loader.start_epoch(1 + rep as u64, 0);
+            let t = Instant::now();
+            let mut bytes = 0usize;
+            while let Some(batch) = block_on(futures::StreamExt::next(&mut loader)) {
+                bytes += batch?.rows * row_len * 4;
+            }
+            gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        // The link: the same bytes from pinned memory, batch by batch.
+        let pinned_gbps = pinned_rate(
+            device,
+            &stream,
+            &pool,
+            batch_rows * row_len,
+            loader.len(),
+            config.reps,
+        )?;
+        let lg = median(&gbps);
+        let row = Row {
+            batch_bytes: batch_rows * row_len * 4,
+            batches_per_epoch: loader.len(),
+            loader_gbps: cell(lg, 2),
+            pinned_gbps: cell(pinned_gbps, 2),
+            loader_over_pinned: cell(lg / pinned_gbps, 3),
+            verified,
+        };
+        println!(
+            "   {:>9} {:>8} {:>10.2} {:>10.2} {:>7.3}x{}",
+            size(row.batch_bytes),
+            row.batches_per_epoch,
+            lg,
+            pinned_gbps,
+            lg / pinned_gbps,
+            if verified { "" } else { "  WRONG DATA" }
+        );
+        rows.push(row);
+    }
+    let bad = rows.iter().filter(|r| !r.verified).count();
+    let results = Results {
+        meta: Meta::new(device),
+        array_bytes: n_rows * row_len * 4,
+        row_bytes: row_len * 4,
+        reps: config.reps,
+        rows,
+    };
+    write_json(&out.join("loader.json"), &results)?;
+    if bad > 0 {
+        return Err(host::Error::Internal(format!(
+            "loader: {bad} batch size(s) delivered wrong data"
+        )));
+    }
+    Ok(results)
+}
+
+/// GB/s of `batches` copies of `len` words each from pinned memory into
+/// fresh device buffers, one job per batch (the loader's own shape without
+/// the gather): medians of `reps` runs.
+fn pinned_rate(
+    device: &Device,
+    stream: &Stream,
+    pool: &PinnedPool,
+    len: usize,
+    batches: usize,
+    reps: usize,
+) -> host::Result<f64> {
+    let mut src = pool.alloc::<u32>(len)?;
+    src.as_mut_slice().fill(3);
+    let mut dev = DeviceBuffer::<u32>::new(device, len)?;
+    let mut gbps = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        for _ in 0..batches {
+            let ((s, d), ()) = stream
+                .run_sync((src, dev), |c, (s, d)| c.copy_h2d(s.host(), d.view_mut()))
+                .map_err(host::Error::from)?;
+            (src, dev) = (s, d);
+        }
+        gbps.push((len * 4 * batches) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok(median(&gbps))
+}
