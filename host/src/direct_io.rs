@@ -17,9 +17,9 @@
 //! cache.
 
 use crate::error::{Error, Result};
-use crate::workers::CopyWorkers;
+use crate::workers::{read_exact_at, CopyWorkers};
 use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 
 /// How a file is read into the ring ([`crate::Staging::read_file_with`]).
@@ -130,25 +130,4 @@ pub(crate) fn read_block(
     workers.read(direct, start, &mut block[..mid])?;
     read_exact_at(buffered, &mut block[mid..skew + len], mid_end)?;
     Ok(skew)
-}
-
-/// `read_exact_at` with the workers' message for a file that ends early.
-fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> Result<()> {
-    if buf.is_empty() {
-        return Ok(());
-    }
-    file.read_exact_at(buf, at).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            std::io::Error::new(
-                e.kind(),
-                format!(
-                    "the file ends before offset {} (truncated, or it shrank during the read)",
-                    at + buf.len() as u64
-                ),
-            )
-            .into()
-        } else {
-            e.into()
-        }
-    })
 }

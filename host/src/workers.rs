@@ -370,21 +370,7 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
                         &*(file as *const std::fs::File),
                     )
                 };
-                let at = at + start as u64;
-                file.read_exact_at(buf, at).map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        std::io::Error::new(
-                            e.kind(),
-                            format!(
-                                "the file ends before offset {} (truncated, or it shrank during the read)",
-                                at + buf.len() as u64
-                            ),
-                        )
-                    } else {
-                        e
-                    }
-                    .into()
-                })
+                read_exact_at(file, buf, at + start as u64)
             }
             What::Write { file, at, src } => {
                 // SAFETY: as for a copy, the source borrowed for reads; the
@@ -432,6 +418,28 @@ fn gather_range(rows: usize, row_bytes: usize, dst: usize, start: usize, end: us
         }
         at += n;
     }
+}
+
+/// `pread`s `buf` from `file` at `at`, whole; a file that ends early is an
+/// `UnexpectedEof` that says where (truncated, or shrinking during the read).
+pub(crate) fn read_exact_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    file.read_exact_at(buf, at).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "the file ends before offset {} (truncated, or it shrank during the read)",
+                    at + buf.len() as u64
+                ),
+            )
+        } else {
+            e
+        }
+        .into()
+    })
 }
 
 /// One round of waiting on a counter: a pause instruction for the first

@@ -319,7 +319,7 @@ pub fn save(
 }
 
 /// The device dtype of a safetensors dtype name.
-fn safetensors_dtype(name: &str) -> Option<DType> {
+pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
     Some(match name {
         "F64" => DType::F64,
         "F32" => DType::F32,

@@ -26,6 +26,7 @@
 use crate::buffer::ContiguousView;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
+use crate::files::safetensors_dtype;
 use crate::IntoPy;
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -183,25 +184,6 @@ fn npy_list_field(
         }
     }
     field.ok_or_else(|| PyValueError::new_err("Loader: an empty list of .npy files"))
-}
-
-/// The device dtype of a safetensors dtype name.
-fn safetensors_dtype(name: &str) -> Option<DType> {
-    Some(match name {
-        "F64" => DType::F64,
-        "F32" => DType::F32,
-        "F16" => DType::F16,
-        "BF16" => DType::BF16,
-        "I64" => DType::I64,
-        "I32" => DType::I32,
-        "I16" => DType::I16,
-        "I8" => DType::I8,
-        "U64" => DType::U64,
-        "U32" => DType::U32,
-        "U16" => DType::U16,
-        "U8" => DType::U8,
-        _ => return None,
-    })
 }
 
 /// Every tensor of a safetensors file as a field (rows: its first axis),
