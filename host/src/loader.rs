@@ -327,6 +327,24 @@ pub struct Batch<T: Pod> {
     pub index: usize,
 }
 
+/// Where a loader's time went since it was made, on the thread polling it:
+/// tells a loader bound by its gathers (host memory) from one bound by the
+/// link. The time spent waiting for DMAs is the rest of the wall time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoaderStats {
+    /// Batches gathered and sent.
+    pub batches: u64,
+    /// Their bytes (all fields).
+    pub bytes: u64,
+    /// Gathering rows into pinned blocks (this thread and the workers).
+    pub gather: std::time::Duration,
+    /// Allocating the batches' device buffers (and pinned blocks, the
+    /// first times).
+    pub alloc: std::time::Duration,
+    /// Issuing the DMAs and recording their event.
+    pub issue: std::time::Duration,
+}
+
 /// A batch in flight: its buffers, its pinned block, its DMAs' completion.
 struct InFlightBatch<T: Pod> {
     batch: Batch<T>,
@@ -388,6 +406,7 @@ pub struct Loader<'a, T: Pod> {
     failed: bool,
     /// The row addresses of a gather (kept to reuse the allocation).
     addrs: Vec<usize>,
+    stats: LoaderStats,
 }
 
 impl<T: Pod> std::fmt::Debug for Loader<'_, T> {
@@ -477,6 +496,7 @@ impl<'a, T: Pod> Loader<'a, T> {
             queue: VecDeque::new(),
             failed: false,
             addrs: Vec::new(),
+            stats: LoaderStats::default(),
         };
         loader.start_epoch(0, 0);
         Ok(loader)
@@ -500,6 +520,11 @@ impl<'a, T: Pod> Loader<'a, T> {
     /// Whether an epoch has no batch.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Where the time went since the loader was made.
+    pub fn stats(&self) -> LoaderStats {
+        self.stats
     }
 
     /// The current epoch.
@@ -584,6 +609,7 @@ impl<'a, T: Pod> Loader<'a, T> {
         let end = (start + b).min(self.indices.len());
         let n = end - start;
         let total: usize = self.fields.iter().map(|f| f.row_bytes() * b).sum();
+        let t = std::time::Instant::now();
         let mut block = match lock(&self.free).pop() {
             Some(block) => block,
             None => self.pool.alloc::<u8>(total.max(1))?,
@@ -596,6 +622,7 @@ impl<'a, T: Pod> Loader<'a, T> {
                 n * f.row_bytes() / elem,
             )?);
         }
+        let alloced = std::time::Instant::now();
         // The gathers first, all of them: a failure there leaves no DMA
         // behind (the block and the buffers go back at once).
         let mut off = 0;
@@ -611,6 +638,7 @@ impl<'a, T: Pod> Loader<'a, T> {
             unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
             off += bytes;
         }
+        let gathered = std::time::Instant::now();
         // Then the DMAs, one per field, and one event after them.
         let mut off = 0;
         let mut issued = Ok(());
@@ -653,6 +681,12 @@ impl<'a, T: Pod> Loader<'a, T> {
             self.give_back_when_done(block, &done);
             return Err(e);
         }
+        let issued_at = std::time::Instant::now();
+        self.stats.batches += 1;
+        self.stats.bytes += off as u64;
+        self.stats.alloc += alloced - t;
+        self.stats.gather += gathered - alloced;
+        self.stats.issue += issued_at - gathered;
         self.queue.push_back(InFlightBatch {
             batch: Batch {
                 fields,

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -98,7 +98,9 @@ enum What {
 }
 
 struct Shared {
-    job: Mutex<Job>,
+    /// Read by every worker at once when a job opens: a read lock, so
+    /// they never queue on it.
+    job: RwLock<Job>,
     generation: AtomicU64,
     /// The current job's pieces: who takes which, how many are finished.
     claims: Claims,
@@ -133,7 +135,7 @@ impl CopyWorkers {
     /// `Internal` when a thread can't be started (those started are stopped).
     pub(crate) fn start(n: usize, init: impl Fn() + Send + Sync + Clone + 'static) -> Result<Self> {
         let shared = Arc::new(Shared {
-            job: Mutex::new(Job::new(What::Copy { src: 0, dst: 0 }, 0, 1, 0)),
+            job: RwLock::new(Job::new(What::Copy { src: 0, dst: 0 }, 0, 1, 0)),
             generation: AtomicU64::new(0),
             claims: Claims::new(),
             next_seq: AtomicU64::new(1),
@@ -267,7 +269,7 @@ impl CopyWorkers {
             seq: s.next_seq.fetch_add(1, Ordering::Relaxed),
             ..job
         };
-        *lock(&s.job) = job;
+        *s.job.write().unwrap_or_else(|p| p.into_inner()) = job;
         *lock(&s.failed) = None;
         s.claims.open(job.seq);
         s.generation.fetch_add(1, Ordering::SeqCst);
@@ -478,7 +480,7 @@ fn work(s: &Shared) {
         }
         // The job is read with its tag: if the caller has moved on, the
         // claims refuse it and this worker waits for the next.
-        let job = *lock(&s.job);
+        let job = *s.job.read().unwrap_or_else(|p| p.into_inner());
         while let Some(index) = s.claims.claim(job.seq, job.parts) {
             if let Err(e) = do_piece(s, job, index) {
                 let mut f = lock(&s.failed);

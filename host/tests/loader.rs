@@ -3,7 +3,8 @@
 //! epochs cover each row once (or the padded shard), shuffled orders are a
 //! deterministic function of (seed, epoch); shards are disjoint and
 //! complete; a resumed epoch yields the rest; dropping the loader or a
-//! poll mid-epoch is safe; bad arguments are typed errors.
+//! poll mid-epoch is safe; bad arguments are typed errors; the stats count
+//! what was sent.
 
 use futures::StreamExt;
 use host::{
@@ -246,4 +247,30 @@ fn bad_arguments_are_typed_errors(device: host::Device) {
     let bytes = vec![0u8; 60];
     let r = RowSource::new(&bytes, 6).unwrap();
     invalid(Loader::<u32>::new(&device, vec![r], LoaderConfig::new(4)));
+}
+
+host::backend_tests!(the_stats_count_every_batch_and_byte_sent);
+fn the_stats_count_every_batch_and_byte_sent(device: host::Device) {
+    let (rows, a_len, b_len) = (300, 8, 3);
+    let a = data(rows, a_len, 11);
+    let b = data(rows, b_len, 12);
+    let mut config = LoaderConfig::new(64);
+    config.shuffle = true;
+    let fields = vec![
+        RowSource::new(&a, a_len).unwrap(),
+        RowSource::new(&b, b_len).unwrap(),
+    ];
+    let mut loader = Loader::<u32>::new(&device, fields, config).unwrap();
+    assert_eq!(loader.stats(), host::LoaderStats::default());
+    for epoch in 0..2 {
+        loader.start_epoch(epoch, 0);
+        while let Some(batch) = block_on(loader.next()) {
+            batch.unwrap();
+        }
+    }
+    let s = loader.stats();
+    // 300 rows in batches of 64: 5 batches an epoch (the last of 44 rows).
+    assert_eq!(s.batches, 10);
+    assert_eq!(s.bytes, 2 * (rows * (a_len + b_len) * 4) as u64);
+    assert!(s.gather > std::time::Duration::ZERO);
 }

@@ -59,6 +59,20 @@ pub struct Row {
     pub loader_over_pinned: Option<f64>,
     /// Every batch of the verification epoch equal to a plain gather.
     pub verified: bool,
+    /// Where a timed epoch's time went, µs per batch (medians): gathering
+    /// rows into pinned memory, allocating device buffers, issuing DMAs,
+    /// and the whole (the rest is waiting for the DMAs).
+    pub us_per_batch: Breakdown,
+    /// GB/s of the gathers alone (the host side's bound).
+    pub gather_gbps: Option<f64>,
+}
+
+#[derive(Serialize, Default)]
+pub struct Breakdown {
+    pub gather: Option<f64>,
+    pub alloc: Option<f64>,
+    pub issue: Option<f64>,
+    pub total: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -111,8 +125,21 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         config.reps
     );
     println!(
-        "   {:>9} {:>8} {:>10} {:>10} {:>8}",
-        "batch", "batches", "loader", "pinned", "ratio"
+        "   {:>9} {:>8} {:>10} {:>10} {:>8} {:>9} {:>6} {:>6} {:>6} {:>8}",
+        "batch",
+        "batches",
+        "loader",
+        "pinned",
+        "ratio",
+        "µs/batch",
+        "gather",
+        "alloc",
+        "issue",
+        "gather"
+    );
+    println!(
+        "   {:>9} {:>8} {:>10} {:>10} {:>8} {:>9} {:>6} {:>6} {:>6} {:>8}",
+        "", "", "GB/s", "GB/s", "", "total", "µs", "µs", "µs", "GB/s"
     );
     for &batch_bytes in &config.batch_bytes {
         let batch_rows = (batch_bytes / (row_len * 4)).clamp(1, n_rows);
@@ -139,15 +166,33 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         // Timed epochs (a batch is dropped as soon as it arrives: its
         // device memory goes back as a training step's would).
         let mut gbps = Vec::new();
+        let (mut g, mut a, mut i, mut w, mut ggb) = (vec![], vec![], vec![], vec![], vec![]);
         for rep in 0..config.reps {
             loader.start_epoch(1 + rep as u64, 0);
+            let before = loader.stats();
             let t = Instant::now();
             let mut bytes = 0usize;
             while let Some(batch) = block_on(futures::StreamExt::next(&mut loader)) {
                 bytes += batch?.rows * row_len * 4;
             }
-            gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+            let wall = t.elapsed().as_secs_f64();
+            gbps.push(bytes as f64 / wall / 1e9);
+            let s = loader.stats();
+            let n = (s.batches - before.batches).max(1) as f64;
+            g.push((s.gather - before.gather).as_secs_f64() * 1e6 / n);
+            a.push((s.alloc - before.alloc).as_secs_f64() * 1e6 / n);
+            i.push((s.issue - before.issue).as_secs_f64() * 1e6 / n);
+            w.push(wall * 1e6 / n);
+            ggb.push(
+                (s.bytes - before.bytes) as f64 / (s.gather - before.gather).as_secs_f64() / 1e9,
+            );
         }
+        let breakdown = Breakdown {
+            gather: cell(median(&g), 1),
+            alloc: cell(median(&a), 1),
+            issue: cell(median(&i), 1),
+            total: cell(median(&w), 1),
+        };
         // The link: the same bytes from pinned memory, batch by batch.
         let pinned_gbps = pinned_rate(
             device,
@@ -165,14 +210,21 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             pinned_gbps: cell(pinned_gbps, 2),
             loader_over_pinned: cell(lg / pinned_gbps, 3),
             verified,
+            us_per_batch: breakdown,
+            gather_gbps: cell(median(&ggb), 2),
         };
         println!(
-            "   {:>9} {:>8} {:>10.2} {:>10.2} {:>7.3}x{}",
+            "   {:>9} {:>8} {:>10.2} {:>10.2} {:>7.3}x {:>9.1} {:>6.1} {:>6.1} {:>6.1} {:>8.2}{}",
             size(row.batch_bytes),
             row.batches_per_epoch,
             lg,
             pinned_gbps,
             lg / pinned_gbps,
+            median(&w),
+            median(&g),
+            median(&a),
+            median(&i),
+            median(&ggb),
             if verified { "" } else { "  WRONG DATA" }
         );
         rows.push(row);
