@@ -12,7 +12,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "maturin==1.16.0"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/../target}"
-# manylinux auditing off: the module links nothing but libc (the CUDA driver
-# is loaded at run time).
-"$venv/bin/maturin" build --release --compatibility linux --out "$out"
-ls -l "$out"/gpufeed-*.whl
+# A manylinux_2_34 wheel (PyPI takes it, pip installs it on any x86_64 Linux with glibc 2.34 or
+# later): maturin's audit fails the build if the module needs a newer glibc symbol or links a
+# library outside the policy (it links libc and libgcc_s only; the CUDA driver is loaded at run
+# time, never linked).
+"$venv/bin/maturin" build --release --compatibility manylinux_2_34 --auditwheel check --out "$out"
+ls -l "$out"/gpufeed-*-manylinux_2_34_x86_64.whl

@@ -33,7 +33,22 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/../target}"
 # as a user would install it (numpy is there already: --no-deps).
 wheels="$CARGO_TARGET_DIR/wheels-test"
 rm -rf "$wheels"
-"$venv/bin/maturin" build --quiet --profile dev --compatibility linux --interpreter "$vpy" --out "$wheels"
+# Tagged manylinux_2_34, as build-wheel.sh's release wheel: maturin's audit fails the build if the
+# module needs a newer glibc or links a library outside the policy (libcuda is loaded at run time).
+"$venv/bin/maturin" build --quiet --profile dev --compatibility manylinux_2_34 --auditwheel check \
+    --interpreter "$vpy" --out "$wheels"
+# The tag pip and PyPI see: the file name and the WHEEL metadata inside it.
+"$vpy" - "$wheels"/gpufeed-*.whl <<'PY'
+import re, sys, zipfile
+want = "cp311-abi3-manylinux_2_34_x86_64"
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+tags = re.findall(r"^Tag: (.+)$", meta, re.M)
+if not path.endswith(f"-{want}.whl") or tags != [want]:
+    sys.exit(f"gpufeed tests: the wheel is not tagged {want}: {path}, WHEEL tags {tags}")
+print(f"gpufeed tests: wheel tagged {want}")
+PY
 "$vpy" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheels"/gpufeed-*.whl
 if [ -z "${HOST_BACKEND:-}" ]; then
     if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

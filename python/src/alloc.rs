@@ -264,6 +264,16 @@ pub struct PinnedBuffer {
     cuda_host: AtomicBool,
     /// The memory is page-locked (see `HostMem::is_locked`).
     locked: bool,
+    /// Pinned in place: cleared when this object goes (see [`PinClaim`]).
+    pin_alive: Option<Arc<AtomicBool>>,
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if let Some(a) = &self.pin_alive {
+            a.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 /// References to a pinned-in-place object that are ours: `origin` and the
@@ -290,6 +300,7 @@ impl PinnedBuffer {
             origin,
             cuda_host: AtomicBool::new(false),
             locked,
+            pin_alive: None,
         }
     }
 
@@ -792,8 +803,96 @@ impl Export {
 
 /// Keeps a Python object until dropped; dropping without the GIL defers the
 /// decref to PyO3's pool, so the completion thread that drops it never
-/// needs the GIL.
-struct PyOwner(#[allow(dead_code)] Py<PyAny>);
+/// needs the GIL. The registration's claim on its range goes with it (after
+/// the range is unregistered).
+struct PyOwner(#[allow(dead_code)] Py<PyAny>, #[allow(dead_code)] PinClaim);
+
+/// A range pinned in place, and who holds it (for the error of a second
+/// `pin()` of the same memory).
+struct Pinned {
+    id: u64,
+    start: usize,
+    len: usize,
+    shape: Vec<usize>,
+    dtype: DType,
+    /// Cleared when the `PinnedBuffer` object goes (an operation dropped
+    /// before `wait()` may keep the range registered after it).
+    buffer_alive: Arc<AtomicBool>,
+}
+
+/// Every range pinned in place by `pin()` and not yet unregistered.
+static PINNED: std::sync::Mutex<Vec<Pinned>> = std::sync::Mutex::new(Vec::new());
+
+/// A range's entry in [`PINNED`], removed on drop: it lives inside the
+/// registration's owner, which goes only after the range is unregistered.
+struct PinClaim(u64);
+
+impl Drop for PinClaim {
+    fn drop(&mut self) {
+        let mut pinned = PINNED.lock().unwrap_or_else(|p| p.into_inner());
+        pinned.retain(|p| p.id != self.0);
+    }
+}
+
+impl PinClaim {
+    /// Claims `start..start + len` for a new registration, or says who holds
+    /// (part of) it already: the driver refuses to register memory twice,
+    /// and two buffers over one memory would let an operation write what
+    /// another reads.
+    fn new(
+        start: usize,
+        len: usize,
+        shape: &[usize],
+        dtype: DType,
+        buffer_alive: &Arc<AtomicBool>,
+    ) -> PyResult<PinClaim> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut pinned = PINNED.lock().unwrap_or_else(|p| p.into_inner());
+        let end = start.saturating_add(len);
+        if let Some(h) = pinned
+            .iter()
+            .find(|p| len > 0 && p.len > 0 && p.start < end && start < p.start + p.len)
+        {
+            let dims: Vec<String> = h.shape.iter().map(|d| d.to_string()).collect();
+            let shape = match dims.len() {
+                1 => format!("({},)", dims[0]),
+                _ => format!("({})", dims.join(", ")),
+            };
+            let holder = format!(
+                "<gpufeed.PinnedBuffer shape={shape} dtype={} ptr={:#x} nbytes={}>",
+                h.dtype.name(),
+                h.start,
+                h.len
+            );
+            let how = if h.buffer_alive.load(Ordering::SeqCst) {
+                "That PinnedBuffer is still alive: use it (buf.get_array() reaches the array), or \
+                 release it first with buf.unpin() (which returns the array) or buf.free(), or \
+                 drop every reference to it (del buf); if an operation holds it, op.wait() first. \
+                 (If NumPy replaced that array's memory under the pin, with ndarray.__setstate__ \
+                 or resize(refcheck=False), and gave it to this object, that buffer is gone: \
+                 free() it or drop it.)"
+            } else {
+                "That PinnedBuffer is gone, but an operation dropped before wait() still uses its \
+                 memory: it is unpinned when the device finishes that work \
+                 (device.synchronize())"
+            };
+            return Err(buffer_error(format!(
+                "pin(): the memory {start:#x}..{end:#x} ({len} bytes) is pinned already, by \
+                 {holder}. {how}"
+            )));
+        }
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        pinned.push(Pinned {
+            id,
+            start,
+            len,
+            shape: shape.to_vec(),
+            dtype,
+            buffer_alive: buffer_alive.clone(),
+        });
+        Ok(PinClaim(id))
+    }
+}
 
 /// Pins an existing array in place (`cuMemHostRegister`; `mlock` on the CPU
 /// emulation) and returns it as a `PinnedBuffer`: copies and pipelines then
@@ -934,7 +1033,9 @@ pub(crate) fn pin_on(
     if len != nbytes(&shape, dtype)? {
         return Err(buffer_error("the buffer's length does not match its shape"));
     }
-    let owner: Box<dyn Send> = Box::new(PyOwner(export.into_any().unbind()));
+    let buffer_alive = Arc::new(AtomicBool::new(true));
+    let claim = PinClaim::new(ptr, len, &shape, dtype, &buffer_alive)?;
+    let owner: Box<dyn Send> = Box::new(PyOwner(export.into_any().unbind(), claim));
     let reg = py
         .detach(move || {
             // SAFETY: `owner` holds an export of `obj`, so its memory stays
@@ -948,11 +1049,13 @@ pub(crate) fn pin_on(
             unsafe { RegisteredRaw::new(device, ptr as *mut u8, len, owner) }
         })
         .py()?;
-    Ok(PinnedBuffer::new(
+    let mut buf = PinnedBuffer::new(
         HostMem::Registered(reg),
         dtype,
         &shape,
         device,
         Some((obj.clone().unbind(), ptr, len)),
-    ))
+    );
+    buf.pin_alive = Some(buffer_alive);
+    Ok(buf)
 }

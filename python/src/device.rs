@@ -104,10 +104,16 @@ impl Device {
     #[pyo3(signature = (shape, dtype=None))]
     fn empty(
         &self,
+        py: Python<'_>,
         shape: &Bound<'_, PyAny>,
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<DeviceArray> {
-        DeviceArray::alloc(&self.inner, parse_shape(shape)?, parse_dtype_or_f32(dtype)?)
+        DeviceArray::alloc(
+            py,
+            &self.inner,
+            parse_shape(shape)?,
+            parse_dtype_or_f32(dtype)?,
+        )
     }
 
     fn __repr__(&self) -> String {
@@ -388,9 +394,16 @@ impl Drop for DeviceArray {
 }
 
 impl DeviceArray {
-    pub(crate) fn alloc(device: &host::Device, shape: Vec<usize>, dtype: DType) -> PyResult<Self> {
+    /// A new array (the allocation runs with the GIL released: the CPU
+    /// emulation zeroes it, some 0.2 s for 256 MiB).
+    pub(crate) fn alloc(
+        py: Python<'_>,
+        device: &host::Device,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> PyResult<Self> {
         let nbytes = nbytes(&shape, dtype)?;
-        let buf = DeviceBuffer::<u8>::new(device, nbytes).py()?;
+        let buf = py.detach(|| DeviceBuffer::<u8>::new(device, nbytes)).py()?;
         Ok(DeviceArray {
             state: StateCell::ready(DevMem::Own(buf)),
             dtype,
@@ -476,23 +489,37 @@ impl DeviceArray {
         writes: bool,
         f: impl FnOnce(&mut DeviceBuffer<u8>) -> PyResult<R>,
     ) -> PyResult<R> {
-        let check = |m: &DevMem| match m {
-            DevMem::Own(_) => Ok(()),
-            DevMem::Foreign { .. } => Err(buffer_error(format!(
-                "{what} works on arrays allocated by gpufeed"
-            ))),
-        };
-        let mut mem = if writes {
-            self.take_settled(check)?
-        } else {
-            self.state.take("the device array", check)?
-        };
+        let mut mem = self.take_own(what, writes)?;
         let result = match &mut mem {
             DevMem::Own(buf) => f(buf),
             DevMem::Foreign { .. } => Err(buffer_error("not an array allocated by gpufeed")),
         };
         self.state.set(State::Ready(mem));
         result
+    }
+
+    /// Moves the memory of an array allocated here out (state: in-flight)
+    /// for work that outlives the call; [`DeviceArray::put_back`] returns it.
+    /// `writes`: as [`DeviceArray::with_own`] (released DLPack exports'
+    /// consumers waited for first, GIL released), else as
+    /// [`DeviceArray::with_own_read`].
+    pub(crate) fn take_own(&self, what: &str, writes: bool) -> PyResult<DevMem> {
+        let check = |m: &DevMem| match m {
+            DevMem::Own(_) => Ok(()),
+            DevMem::Foreign { .. } => Err(buffer_error(format!(
+                "{what} works on arrays allocated by gpufeed"
+            ))),
+        };
+        if writes {
+            self.take_settled(check)
+        } else {
+            self.state.take("the device array", check)
+        }
+    }
+
+    /// Returns memory taken by [`DeviceArray::take_own`] (state: ready).
+    pub(crate) fn put_back(&self, mem: DevMem) {
+        self.state.set(State::Ready(mem));
     }
 
     fn cuda_only(&self, what: &str) -> PyResult<()> {

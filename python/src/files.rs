@@ -199,7 +199,7 @@ pub fn read_file(
         }
     };
     let device = device_or_default(py, device)?;
-    let array = DeviceArray::alloc(&device, shape, dtype)?;
+    let array = DeviceArray::alloc(py, &device, shape, dtype)?;
     let mut progress = Progress::new(progress, array.nbytes as u64)?;
     fill_from_file(py, &array, &path, offset, file_io(direct), &mut progress)?;
     Ok(array)
@@ -263,7 +263,7 @@ pub fn load(
     let path = path.to_string_lossy().into_owned();
     let (shape, dtype, offset) = npy_header(py, &path)?;
     let device = device_or_default(py, device)?;
-    let array = DeviceArray::alloc(&device, shape, dtype)?;
+    let array = DeviceArray::alloc(py, &device, shape, dtype)?;
     let mut progress = Progress::new(progress, array.nbytes as u64)?;
     fill_from_file(py, &array, &path, offset, file_io(direct), &mut progress)?;
     Ok(array)
@@ -431,7 +431,7 @@ pub fn load_safetensors<'py>(
     let mut progress = Progress::new(progress, total)?;
     let out = PyDict::new(py);
     for (name, shape, dtype, at, nbytes) in plan {
-        let array = DeviceArray::alloc(&device, shape, dtype)?;
+        let array = DeviceArray::alloc(py, &device, shape, dtype)?;
         fill_from_file(py, &array, &path, at, io, &mut progress)?;
         if nbytes == 0 {
             progress.advance(0)?;

@@ -234,6 +234,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<alloc::PinnedView>()?;
     m.add_class::<ops::Stream>()?;
     m.add_class::<ops::Operation>()?;
+    m.add_class::<staging::Transfer>()?;
     m.add_class::<pipe::Pipeline>()?;
     m.add_class::<loader::Loader>()?;
     m.add_function(wrap_pyfunction!(device::default_device, m)?)?;
@@ -248,6 +249,8 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(files::gds_status, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::to_device_async, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::to_host_async, m)?)?;
     m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;
     m.add(

@@ -131,7 +131,7 @@ type Interrupted = Box<(Box<Pending>, PyErr)>;
 
 /// How long a blocking wait runs between looks at Python's signal
 /// handlers: Ctrl-C interrupts a wait within about this.
-const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 enum OpState {
     Pending(Box<Pending>),

@@ -1,22 +1,27 @@
 //! `to_device` and `to_host`: ordinary (pageable) arrays to the device and
 //! back at the link's speed, through the `host` staging engine (a bounded
-//! ring of pinned blocks filled by native worker threads).
+//! ring of pinned blocks filled by native worker threads); `to_device_async`
+//! and `to_host_async`, the same as a [`Transfer`] run by a thread of its own
+//! and awaited (or waited for) later.
 //!
-//! The GIL stays held while a copy reads or writes the caller's array: NumPy
-//! lets another thread replace an array's memory under a live buffer export
-//! (`__setstate__`), so no other Python code may run while our threads
-//! touch it. The copy's own threads need no GIL; only other Python threads
-//! wait, for about the copy's duration (20 ms per GiB on the H200).
+//! The GIL is released while a copy reads or writes the caller's array; the
+//! buffer export taken first is held until no thread of ours touches the
+//! memory any more. NumPy lets another thread replace an array's memory under
+//! a live export (`ndarray.__setstate__`, `resize(refcheck=False)`): doing
+//! that during a copy is the caller's to avoid (README, "Not guaranteed"), as
+//! for a `Loader`'s source.
 
 use crate::buffer::ContiguousView;
-use crate::device::{device_or_default, Device, DeviceArray};
+use crate::device::{device_or_default, DevMem, Device, DeviceArray};
 use crate::dtype::DType;
-use crate::IntoPy;
+use crate::ops::SIGNAL_CHECK;
+use crate::{to_py, IntoPy};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// One staging engine per device (keyed by the device's identity), made at
 /// first use and kept: its pinned ring (32 MiB by default) is reused by
@@ -98,18 +103,59 @@ pub fn to_device(
     device: Option<&Device>,
 ) -> PyResult<DeviceArray> {
     let device = device_or_default(py, device)?;
-    let staging = py.detach(|| engine(&device)).py()?;
-    // The view last: nothing Python runs between it and the copy.
+    let staging = engine_for(py, &device)?;
+    // The view last: the array is exported (its owner can't resize it)
+    // until the copy is over.
     let (view, _keep) = contiguous(obj, false)?;
     let dtype = dtype_of(&view)?;
-    let shape = view.shape.clone();
-    let array = DeviceArray::alloc(&device, shape, dtype)?;
+    let array = DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?;
+    let src = view.as_bytes();
     array.with_own("to_device()", |buf| {
-        // GIL held (see the module's notes): the workers read the array.
-        staging.h2d_blocking(view.as_bytes(), buf).py()
+        in_ranges(
+            src.len(),
+            |r| {
+                let at = r.start;
+                py.detach(|| host::block_on(staging.h2d_at(&src[r], buf, at)))
+                    .py()
+            },
+            || py.check_signals(),
+        )
     })?;
     drop(view);
     Ok(array)
+}
+
+/// The first range of a copy done in ranges (see [`in_ranges`]).
+const FIRST_RANGE: usize = 64 << 20;
+
+/// A copy of `len` bytes as consecutive ranges, `copy(range)` running each
+/// to its end, `between()` after each but the last (its error stops the
+/// copy there). Each range after the first is sized to take about
+/// [`SIGNAL_CHECK`] at the rate of the one before (at least
+/// [`FIRST_RANGE`]): Python's signal handlers (Ctrl-C) run, or a dropped
+/// transfer is seen, within about that, at the cost of one refill of the
+/// staging ring per range (some 2 GiB a range at the H200's link speed).
+/// One staged copy alone can't be stopped between polls: it may make
+/// progress without ever waiting.
+fn in_ranges<E>(
+    len: usize,
+    mut copy: impl FnMut(std::ops::Range<usize>) -> Result<(), E>,
+    mut between: impl FnMut() -> Result<(), E>,
+) -> Result<(), E> {
+    let (mut pos, mut step) = (0, FIRST_RANGE);
+    while pos < len {
+        let end = len.min(pos.saturating_add(step));
+        let started = std::time::Instant::now();
+        copy(pos..end)?;
+        let took = started.elapsed().as_secs_f64().max(1e-6);
+        let rate = (end - pos) as f64 / took;
+        step = ((rate * SIGNAL_CHECK.as_secs_f64()) as usize).max(FIRST_RANGE);
+        pos = end;
+        if pos < len {
+            between()?;
+        }
+    }
+    Ok(())
 }
 
 /// `to_host(array, out=None)`: the contents of a `DeviceArray` allocated by
@@ -128,7 +174,35 @@ pub fn to_host<'py>(
     out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let a = array.get();
-    let staging = py.detach(|| engine(&a.device)).py()?;
+    let staging = engine_for(py, &a.device)?;
+    let (out, mut view, _keep) = host_out(py, a, out)?;
+    // SAFETY: the export keeps `len` writable bytes at `ptr` while `view`
+    // lives (asked writable), and nothing of ours reads or writes them
+    // meanwhile but this copy.
+    let dst = unsafe { view.as_bytes_mut() };
+    a.with_own_read("to_host()", |buf| {
+        in_ranges(
+            dst.len(),
+            |r| {
+                let at = r.start;
+                py.detach(|| host::block_on(staging.d2h_at(buf, at, &mut dst[r])))
+                    .py()
+            },
+            || py.check_signals(),
+        )
+    })?;
+    drop(view);
+    Ok(out)
+}
+
+/// `to_host`'s destination: `out` or a new NumPy array of the array's
+/// shape and dtype, exported writable and checked to be of its size.
+#[allow(clippy::type_complexity)]
+fn host_out<'py>(
+    py: Python<'py>,
+    a: &DeviceArray,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, ContiguousView, Option<Bound<'py, PyAny>>)> {
     let out = match out {
         Some(o) => o.clone(),
         None => {
@@ -136,22 +210,380 @@ pub fn to_host<'py>(
             np.call_method1("empty", (PyTuple::new(py, &a.shape)?, a.dtype.numpy_name()))?
         }
     };
-    let (mut view, _keep) = contiguous(&out, true)?;
+    let (view, keep) = contiguous(&out, true)?;
     if view.len != a.nbytes {
         return Err(PyValueError::new_err(format!(
             "to_host: out holds {} bytes, the device array {}",
             view.len, a.nbytes
         )));
     }
-    a.with_own_read("to_host()", |buf| {
-        // SAFETY: the export keeps `len` writable bytes at `ptr` while
-        // `view` lives; the GIL is held, so no Python code (which could
-        // replace the memory) runs until the copy returns.
-        let dst = unsafe { view.as_bytes_mut() };
-        staging.d2h_blocking(buf, dst).py()
-    })?;
-    drop(view);
-    Ok(out)
+    Ok((out, view, keep))
+}
+
+/// The host side of a transfer: a buffer export, released (with the GIL)
+/// only once the transfer's thread no longer touches its memory.
+struct HeldView {
+    view: ContiguousView,
+    /// What the export was taken from, when it isn't the caller's object
+    /// (NumPy's view of a PyTorch tensor).
+    _keep: Option<Py<PyAny>>,
+}
+
+// SAFETY: the view is released only with the GIL held: it lives in a
+// `Transfer` (a Python object, deallocated with the GIL) and is taken out
+// only by `Transfer::wait`/`Drop`, which hold the GIL. The transfer's
+// thread sees only its `HostRange`, never the view.
+unsafe impl Send for HeldView {}
+// SAFETY: as above; `&HeldView` gives nothing but reads of plain fields.
+unsafe impl Sync for HeldView {}
+
+/// The host bytes a transfer's thread copies from or into.
+#[derive(Clone, Copy)]
+struct HostRange {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a range of a buffer export that the `Transfer` holds until its
+// thread has finished with it (see `Transfer`); the thread is the only
+// user of the range meanwhile.
+unsafe impl Send for HostRange {}
+
+/// How far a transfer is.
+enum Stage {
+    /// Its thread is copying (and holds the device memory).
+    Running,
+    /// The thread is done (the host memory is no longer touched): its
+    /// result and the device memory, to hand back.
+    Finished(host::Result<()>, DevMem),
+    /// Handed back: the result, for later waiters.
+    Done(host::Result<()>),
+}
+
+struct TransferShared {
+    stage: Mutex<Stage>,
+    changed: Condvar,
+    cancel: AtomicBool,
+}
+
+impl TransferShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stage> {
+        self.stage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A copy between ordinary memory and the device running on a thread of its
+/// own (`to_device_async`, `to_host_async`): `wait()` (GIL released, Ctrl-C
+/// interrupts the wait, not the copy) or `await t` (asyncio) returns the
+/// `DeviceArray` (`to_device_async`) or the host array (`to_host_async`).
+/// The host buffer stays exported, and the device array's memory in flight
+/// (`BufferError` on any use), until then. Dropping it unfinished stops the
+/// copy (GIL released until its thread lets go of the host memory), then
+/// releases the export.
+#[pyclass(module = "gpufeed", frozen)]
+pub struct Transfer {
+    shared: Arc<TransferShared>,
+    /// The device array whose memory the thread holds.
+    array: Py<DeviceArray>,
+    /// What `wait()` returns.
+    result: Py<PyAny>,
+    /// The host buffer's export, released after the thread is done.
+    host: Mutex<Option<HeldView>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    what: &'static str,
+    /// The process the thread runs in (a `fork()` child has none).
+    pid: u32,
+}
+
+impl Transfer {
+    /// Starts `what` on a new thread: the copy between `host` and the memory
+    /// of `array` (taken out of it: in flight until handed back).
+    fn start(
+        py: Python<'_>,
+        what: &'static str,
+        upload: bool,
+        array: Bound<'_, DeviceArray>,
+        host: HeldView,
+        result: Py<PyAny>,
+    ) -> PyResult<Transfer> {
+        let staging = engine_for(py, &array.get().device)?;
+        let mem = array.get().take_own(what, upload)?;
+        let range = HostRange {
+            ptr: host.view.ptr,
+            len: host.view.len,
+        };
+        let shared = Arc::new(TransferShared {
+            stage: Mutex::new(Stage::Running),
+            changed: Condvar::new(),
+            cancel: AtomicBool::new(false),
+        });
+        // Handed to the thread through a slot, so a failed spawn gives the
+        // memory back.
+        let slot = Arc::new(Mutex::new(Some(mem)));
+        let (s2, slot2) = (shared.clone(), slot.clone());
+        let spawned = std::thread::Builder::new()
+            .name("gpufeed-transfer".into())
+            .spawn(move || {
+                let taken = slot2.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let Some(mut mem) = taken else { return };
+                // A panic (none is expected) still ends the stage: a waiter
+                // or the drop never waits for a thread that is gone. The
+                // copy is dropped while unwinding (no thread touches the
+                // host range after).
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_copy(&staging, upload, range, &mut mem, &s2.cancel)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(host::Error::Internal("a transfer's thread panicked".into()))
+                });
+                *s2.lock() = Stage::Finished(r, mem);
+                s2.changed.notify_all();
+            });
+        let thread = match spawned {
+            Ok(t) => t,
+            Err(e) => {
+                let mem = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(mem) = mem {
+                    array.get().put_back(mem);
+                }
+                return Err(to_py(host::Error::InvalidArgument(format!(
+                    "{what}: could not start its thread: {e}"
+                ))));
+            }
+        };
+        Ok(Transfer {
+            shared,
+            array: array.unbind(),
+            result,
+            host: Mutex::new(Some(host)),
+            thread: Mutex::new(Some(thread)),
+            what,
+            pid: std::process::id(),
+        })
+    }
+
+    /// After the thread's end was seen: joins it (at once: it only returns)
+    /// and releases the host export (GIL held).
+    fn release_host(&self, py: Python<'_>) {
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            py.detach(move || {
+                let _ = t.join();
+            });
+        }
+        let held = self.host.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(held);
+    }
+
+    /// Hands a finished stage's memory back to the array and the host
+    /// export back to Python; the result, kept for later waiters.
+    fn hand_back(&self, py: Python<'_>) -> Option<host::Result<()>> {
+        let mut stage = self.shared.lock();
+        let r = match std::mem::replace(&mut *stage, Stage::Running) {
+            Stage::Finished(r, mem) => {
+                self.array.bind(py).get().put_back(mem);
+                *stage = Stage::Done(r.clone());
+                r
+            }
+            Stage::Done(r) => {
+                *stage = Stage::Done(r.clone());
+                r
+            }
+            Stage::Running => return None,
+        };
+        drop(stage);
+        self.release_host(py);
+        Some(r)
+    }
+
+    fn forked(&self) -> bool {
+        self.pid != std::process::id()
+    }
+}
+
+/// The copy of a transfer's thread, driven until it ends or `cancel` is
+/// set (then dropped: no thread touches the host range after).
+fn run_copy(
+    staging: &host::Staging,
+    upload: bool,
+    range: HostRange,
+    mem: &mut DevMem,
+    cancel: &AtomicBool,
+) -> host::Result<()> {
+    let DevMem::Own(buf) = mem else {
+        return Err(host::Error::InvalidArgument(
+            "a transfer works on arrays allocated by gpufeed".into(),
+        ));
+    };
+    let stop = || {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(host::Error::InvalidArgument(
+                "the transfer was dropped before it finished".into(),
+            ));
+        }
+        Ok(())
+    };
+    if range.len == 0 {
+        return Ok(()); // nothing to copy (and no pointer to make a slice of)
+    }
+    if upload {
+        // SAFETY: the range is a live export held by the `Transfer` until
+        // this thread has finished (`Stage::Finished` is set after this
+        // returns, every copy over or dropped).
+        let src = unsafe { std::slice::from_raw_parts(range.ptr, range.len) };
+        in_ranges(
+            src.len(),
+            |r| {
+                let at = r.start;
+                host::block_on(staging.h2d_at(&src[r], buf, at))
+            },
+            stop,
+        )
+    } else {
+        // SAFETY: as above, a writable export that only this copy uses.
+        let dst = unsafe { std::slice::from_raw_parts_mut(range.ptr, range.len) };
+        in_ranges(
+            dst.len(),
+            |r| {
+                let at = r.start;
+                host::block_on(staging.d2h_at(buf, at, &mut dst[r]))
+            },
+            stop,
+        )
+    }
+}
+
+#[pymethods]
+impl Transfer {
+    /// Waits until the copy is done (GIL released; Ctrl-C interrupts the
+    /// wait, not the copy) and returns the `DeviceArray` (`to_device_async`)
+    /// or the host array (`to_host_async`); raises the copy's error. Waiting
+    /// again returns (or raises) the same.
+    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        loop {
+            if let Some(r) = self.hand_back(py) {
+                r.map_err(to_py)?;
+                return Ok(self.result.clone_ref(py));
+            }
+            if self.forked() {
+                return Err(to_py(host::Error::InvalidArgument(format!(
+                    "{} of the parent process: its thread did not survive fork()",
+                    self.what
+                ))));
+            }
+            py.detach(|| {
+                let s = self.shared.lock();
+                if matches!(&*s, Stage::Running) {
+                    let _ = self.shared.changed.wait_timeout(s, SIGNAL_CHECK);
+                }
+            });
+            py.check_signals()?;
+        }
+    }
+
+    /// Whether the copy has ended (`wait()` then returns at once).
+    fn done(&self) -> bool {
+        !matches!(&*self.shared.lock(), Stage::Running)
+    }
+
+    /// `await t` in asyncio: `wait()` on the loop's default executor (a
+    /// thread that releases the GIL while it waits), as `Operation`.
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+        let fut = event_loop.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
+        fut.call_method0("__await__")
+    }
+
+    fn __repr__(&self) -> String {
+        let s = match &*self.shared.lock() {
+            Stage::Running => "running",
+            Stage::Finished(..) => "done",
+            Stage::Done(Ok(())) => "waited",
+            Stage::Done(Err(_)) => "failed",
+        };
+        format!("<gpufeed.Transfer {} {s}>", self.what)
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        if self.forked() {
+            // No thread of ours in this process reads the memory.
+            return;
+        }
+        Python::attach(|py| {
+            if matches!(&*self.shared.lock(), Stage::Running) {
+                self.shared.cancel.store(true, Ordering::SeqCst);
+                // Until the thread has let go of the host memory (within
+                // about CANCEL_CHECK and one block's copy), GIL released.
+                py.detach(|| {
+                    let mut s = self.shared.lock();
+                    while matches!(&*s, Stage::Running) {
+                        s = self
+                            .shared
+                            .changed
+                            .wait(s)
+                            .unwrap_or_else(|p| p.into_inner());
+                    }
+                });
+            }
+            let _ = self.hand_back(py);
+        });
+    }
+}
+
+/// `to_device_async(obj, device=None)`: `to_device` on a thread of its own;
+/// returns a `Transfer` whose `await` (or `wait()`) gives the new
+/// `DeviceArray`. `obj` stays exported until then (its owner can't resize
+/// it; don't replace its memory with `__setstate__`).
+#[pyfunction]
+#[pyo3(signature = (obj, device=None))]
+pub fn to_device_async(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    device: Option<&Device>,
+) -> PyResult<Transfer> {
+    let device = device_or_default(py, device)?;
+    engine_for(py, &device)?;
+    let (view, keep) = contiguous(obj, false)?;
+    let dtype = dtype_of(&view)?;
+    let array = Bound::new(
+        py,
+        DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?,
+    )?;
+    let result = array.clone().into_any().unbind();
+    let held = HeldView {
+        view,
+        _keep: keep.map(Bound::unbind),
+    };
+    Transfer::start(py, "to_device_async()", true, array, held, result)
+}
+
+/// `to_host_async(array, out=None)`: `to_host` on a thread of its own;
+/// returns a `Transfer` whose `await` (or `wait()`) gives `out` (a new
+/// NumPy array when omitted). `array` is in flight (`BufferError` on any
+/// use) and `out` exported until then.
+#[pyfunction]
+#[pyo3(signature = (array, out=None))]
+pub fn to_host_async<'py>(
+    py: Python<'py>,
+    array: &Bound<'py, DeviceArray>,
+    out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Transfer> {
+    let (out, view, keep) = host_out(py, array.get(), out)?;
+    let held = HeldView {
+        view,
+        _keep: keep.map(Bound::unbind),
+    };
+    Transfer::start(
+        py,
+        "to_host_async()",
+        false,
+        array.clone(),
+        held,
+        out.unbind(),
+    )
 }
 
 /// Names the statistics of a device's staging engine (its pinned ring).

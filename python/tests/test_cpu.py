@@ -354,6 +354,30 @@ def test_pin_in_place_d2h_writes_the_original_array(device):
     np.testing.assert_array_equal(buf.unpin(), np.arange(n, dtype=np.int32))
 
 
+def test_pinning_an_array_again_names_the_buffer_that_holds_it(device):
+    x = np.arange(4096, dtype=np.float32)
+    addr = x.__array_interface__["data"][0]
+    first = gpufeed.pin(x, device)
+    with pytest.raises(BufferError) as e:
+        gpufeed.pin(x, device)
+    msg = str(e.value)
+    # The holder: which buffer, where, how big, and how to let it go.
+    assert "pinned already" in msg, msg
+    assert "PinnedBuffer shape=(4096,) dtype=float32" in msg, msg
+    assert f"ptr={addr:#x}" in msg and "16384 bytes" in msg, msg
+    assert f"{addr:#x}..{addr + 16384:#x}" in msg, msg
+    assert "still alive" in msg and "buf.unpin()" in msg and "del buf" in msg, msg
+    assert first.state == "ready"  # the refusal left the first one alone
+    # Once released, the same array pins again.
+    back = first.unpin()
+    assert back is x
+    again = gpufeed.pin(x, device)
+    assert again.ptr == addr
+    del again  # dropping the buffer unpins too
+    gc.collect()
+    gpufeed.pin(x, device).free()
+
+
 def test_pin_refusals(device):
     with pytest.raises(BufferError, match="non-contiguous"):
         gpufeed.pin(np.asfortranarray(np.zeros((10, 10), np.float32)), device)

@@ -1,7 +1,13 @@
 """to_device / to_host: ordinary arrays to the device and back through the
 staging ring. Every check compares with the source element by element, into
 outputs poisoned beforehand; the GPU half also checks torch and CuPy see the
-device array without a copy."""
+device array without a copy. The copies release the GIL; the async forms are
+awaited in asyncio."""
+import _thread
+import asyncio
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -149,3 +155,144 @@ def test_a_forked_child_gets_an_error_from_the_parents_engine_not_a_hang(device)
             pytest.fail("the forked child hung in to_device")
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+BIG = 64 << 20  # uint32 elements: 256 MiB, a copy of a few hundred ms on the CPU emulation
+
+
+def _big(seed):
+    return np.random.default_rng(seed).integers(0, 2**32, size=BIG, dtype=np.uint32)
+
+
+@pytest.mark.parametrize("direction", ["to_device", "to_host"])
+def test_another_python_thread_runs_while_a_large_copy_is_in_progress(device, direction):
+    a = _big(21)
+    d = gpufeed.to_device(a, device)
+    out = np.empty_like(a)
+    out.view(np.uint8)[...] = 0xA5
+    ticks, stop = [], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=ticker, daemon=True)
+    t.start()
+    time.sleep(0.02)
+    t0 = time.monotonic()
+    if direction == "to_device":
+        d = gpufeed.to_device(a, device)
+    else:
+        gpufeed.to_host(d, out=out)
+    t1 = time.monotonic()
+    stop.set()
+    t.join()
+    # A copy holding the GIL lets the other thread run only before it starts
+    # or after it returns: never in the middle half of the call.
+    mid = [x for x in ticks if t0 + 0.25 * (t1 - t0) < x < t0 + 0.75 * (t1 - t0)]
+    assert t1 - t0 > 0.05, "too short a copy to tell"
+    assert mid, f"no tick of the other thread during the {t1 - t0:.3f} s copy"
+    if direction == "to_host":
+        assert np.array_equal(out, a)
+    else:
+        assert np.array_equal(gpufeed.to_host(d), a)
+
+
+def test_ctrl_c_interrupts_a_large_to_host_and_lets_go_of_its_buffers(device):
+    n = 128 << 20  # 512 MiB: the copy takes several of the 50 ms slices
+    d = gpufeed.to_device(np.arange(n, dtype=np.uint32), device)
+    out = np.zeros(n, np.uint32)
+    t0 = time.perf_counter()
+    gpufeed.to_host(d, out=out)
+    full = time.perf_counter() - t0
+    assert out[-1] == n - 1
+    out[...] = 0
+    timer = threading.Timer(0.02, _thread.interrupt_main)
+    t0 = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        gpufeed.to_host(d, out=out)
+        time.sleep(5)  # finished before the interrupt: then it lands here
+    took = time.perf_counter() - t0
+    timer.join()
+    # Stopped early (the signal was looked at between ranges), not at the end.
+    assert took < 0.6 * full, (took, full)
+    assert out[-1] == 0, "the copy ran to its end"
+    # The device array is usable again, and `out` no longer exported.
+    assert d.state == "ready"
+    out.resize(10)
+    assert np.array_equal(gpufeed.to_host(d)[:10], np.arange(10, dtype=np.uint32))
+
+
+def test_awaiting_to_device_async_and_to_host_async_returns_every_element(device):
+    async def main():
+        for i, (dtype, shape) in enumerate(
+            [("float32", (3_000_017,)), ("int64", (1000, 3)), ("uint8", (0,)), ("float64", (1,))]
+        ):
+            a = fresh(np.random.default_rng(100 + i), shape, dtype)
+            t = gpufeed.to_device_async(a, device)
+            assert isinstance(t, gpufeed.Transfer)
+            d = await t
+            assert isinstance(d, gpufeed.DeviceArray) and d.state == "ready"
+            assert d.shape == a.shape and d.dtype == np.dtype(dtype).name
+            assert (await t) is d and t.done()  # awaiting again: the same array
+            out = np.empty_like(a)
+            out.view(np.uint8)[...] = 0xA5
+            r = await gpufeed.to_host_async(d, out=out)
+            assert r is out
+            assert np.array_equal(out.view(np.uint8), a.view(np.uint8))
+            n = await gpufeed.to_host_async(d)
+            assert n.shape == a.shape and n.dtype == a.dtype
+            assert np.array_equal(n.view(np.uint8), a.view(np.uint8))
+            # wait() is the synchronous form.
+            assert np.array_equal(gpufeed.to_host_async(d).wait().view(np.uint8), a.view(np.uint8))
+
+    asyncio.run(main())
+
+
+def test_two_awaited_transfers_overlap_with_each_other_and_other_coroutines(device):
+    a, b = _big(31), _big(32)
+    db = gpufeed.to_device(b, device)
+    out = np.empty_like(b)
+    out.view(np.uint8)[...] = 0xA5
+    samples = []
+
+    async def ticker(t1, t2):
+        while not (t1.done() and t2.done()):
+            samples.append((t1.done(), t2.done()))
+            await asyncio.sleep(0.001)
+
+    async def main():
+        t1 = gpufeed.to_device_async(a, device)
+        t2 = gpufeed.to_host_async(db, out=out)
+        assert db.state == "in-flight" or t2.done()  # the source is the transfer's
+        d, r, _ = await asyncio.gather(t1, t2, ticker(t1, t2))
+        return d, r
+
+    d, r = asyncio.run(main())
+    # The loop ran other coroutines while both copies were in flight at once.
+    both = [s for s in samples if s == (False, False)]
+    assert len(both) >= 3, samples[:10]
+    assert r is out and np.array_equal(out, b)
+    assert np.array_equal(gpufeed.to_host(d), a)
+    assert db.state == "ready"
+
+
+def test_a_transfer_dropped_mid_copy_stops_before_it_lets_go_of_the_buffers(device):
+    a = _big(41)
+    d = gpufeed.to_device(a, device)
+    out = np.zeros_like(a)
+    t = gpufeed.to_host_async(d, out=out)
+    with pytest.raises(ValueError):
+        out.resize(10)  # exported: the copy's thread writes it
+    del t  # stops the copy (or it had ended), then releases the export
+    assert d.state == "ready"  # the device array is back, usable
+    assert np.array_equal(gpufeed.to_host(d), a)
+    out.resize(10)  # no export left (refcheck: no other reference either)
+    assert out.shape == (10,)
+    # An upload dropped at once: the source is let go of as well.
+    src = _big(42)
+    gpufeed.to_device_async(src, device)  # a temporary: dropped at once
+    src.resize(10)
+    assert src.shape == (10,)
