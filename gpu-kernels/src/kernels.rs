@@ -56,6 +56,33 @@ kernels! {
         }
     }
 
+    /// `dst` row `r` = `src` row `idx[r]` (`row_bytes` bytes a row) for
+    /// every row of `dst`; indices past `src`'s rows leave theirs
+    /// unwritten. `src` may be host memory the device can read (pinned in
+    /// place and mapped): the loader gathers batches with it.
+    ///
+    /// # Safety
+    /// `src` is device-readable memory for its length, `idx` and `dst`
+    /// valid device memory for theirs, `dst` disjoint from both;
+    /// `dst.len() >= idx.len() * row_bytes`.
+    pub unsafe fn gather_rows(src: Slice<u8>, idx: Slice<u64>, row_bytes: u64, dst: SliceMut<u8>) {
+        let rb = row_bytes as usize;
+        let rows = if rb == 0 { 0 } else if idx.len() < dst.len() / rb { idx.len() } else { dst.len() / rb };
+        // SAFETY: the contract above; every thread uses the same arguments.
+        unsafe {
+            thread::gather_rows(
+                src.as_ptr(),
+                src.len(),
+                idx.as_ptr(),
+                rows,
+                rb,
+                dst.as_mut_ptr(),
+                global_id(),
+                grid_stride(),
+            )
+        }
+    }
+
     /// Traps: used by the fault tests to break a context on purpose.
     ///
     /// # Safety

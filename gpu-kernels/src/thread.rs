@@ -136,3 +136,85 @@ pub unsafe fn saxpy(a: f32, x: *const f32, y: *mut f32, n: usize, gid: usize, st
         i += stride;
     }
 }
+
+/// Sixteen bytes aligned to 16: one `ld.global.v4.u32` / `st.global.v4.u32`.
+#[derive(Clone, Copy)]
+#[repr(C, align(16))]
+struct Bytes16([u32; 4]);
+
+/// Copies `width`-byte units (1, 4 or 16, `T` of that size and alignment)
+/// of a gather, this thread's share: destination unit `i` is unit `i %
+/// per_row` of source row `idx[i / per_row]`. Rows out of range are left
+/// unwritten.
+///
+/// # Safety
+/// As for [`gather_rows`], with `src` and `dst` aligned for `T` and
+/// `row_bytes` a multiple of its size.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gather_units<T: Copy>(
+    src: *const u8,
+    src_rows: usize,
+    idx: *const u64,
+    rows: usize,
+    row_bytes: usize,
+    dst: *mut u8,
+    gid: usize,
+    stride: usize,
+) {
+    let per_row = row_bytes / core::mem::size_of::<T>();
+    let (src, dst) = (src.cast::<T>(), dst.cast::<T>());
+    let total = rows * per_row;
+    let mut i = gid;
+    while i < total {
+        let r = i / per_row;
+        let k = i - r * per_row;
+        // SAFETY: r < rows: inside `idx`.
+        let row = unsafe { idx.add(r).read() } as usize;
+        if row < src_rows {
+            // SAFETY: row < src_rows and k < per_row: the unit lies inside
+            // `src`; `i < total` units of `dst`; each `i` has one thread.
+            unsafe { dst.add(i).write(src.add(row * per_row + k).read()) };
+        }
+        i += stride;
+    }
+}
+
+/// Gathers rows: destination row `r` (of `rows`) is source row `idx[r]`,
+/// `row_bytes` bytes each, in 16-byte units where the rows and both
+/// buffers allow, else 4-byte, else single bytes. Indices at or past
+/// `src_len / row_bytes` leave their destination row unwritten.
+///
+/// # Safety
+/// `src` is readable for `src_len` bytes, `idx` for `rows` values and `dst`
+/// writable for `rows × row_bytes` bytes, not overlapping the other two;
+/// `row_bytes > 0`. Concurrent callers as for [`map_in_place`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gather_rows(
+    src: *const u8,
+    src_len: usize,
+    idx: *const u64,
+    rows: usize,
+    row_bytes: usize,
+    dst: *mut u8,
+    gid: usize,
+    stride: usize,
+) {
+    if row_bytes == 0 {
+        return;
+    }
+    let src_rows = src_len / row_bytes;
+    let aligned = |a: usize| row_bytes % a == 0 && src as usize % a == 0 && dst as usize % a == 0;
+    // SAFETY: forwarded from the caller; each width is chosen only when the
+    // rows and both buffers are aligned to it.
+    unsafe {
+        if aligned(16) {
+            gather_units::<Bytes16>(src, src_rows, idx, rows, row_bytes, dst, gid, stride)
+        } else if aligned(4) {
+            gather_units::<u32>(src, src_rows, idx, rows, row_bytes, dst, gid, stride)
+        } else {
+            gather_units::<u8>(src, src_rows, idx, rows, row_bytes, dst, gid, stride)
+        }
+    }
+}

@@ -167,3 +167,67 @@ fn slice_functions_match_elementwise_bodies() {
     elementwise::scale_slice(&mut z, -3.0);
     assert!(z.iter().zip(&x).all(|(a, b)| *a == *b * -3.0));
 }
+
+#[test]
+fn gather_rows_matches_a_plain_gather_for_every_width_offset_and_grid() {
+    let mut rng = fastrand::Rng::with_seed(41);
+    const POISON: u8 = 0xA5;
+    // Row sizes taking the 16-byte, 4-byte and byte paths; offsets that
+    // misalign source or destination.
+    for &row_bytes in &[32usize, 48, 12, 4, 7, 1] {
+        for &(src_off, dst_off) in &[(0usize, 0usize), (4, 0), (0, 4), (1, 3)] {
+            let src_rows = 37;
+            // 16-byte-aligned backing, then the offset.
+            let mut src_back = aligned(&mut rng, (src_rows * row_bytes + src_off).div_ceil(4) + 4);
+            let src_all = bytemuck_bytes(&mut src_back);
+            for b in src_all.iter_mut() {
+                *b = rng.u8(..);
+            }
+            let src = &src_all[src_off..src_off + src_rows * row_bytes];
+            let rows = 23;
+            // Valid indices (repeats allowed), and one past the end.
+            let mut idx: Vec<u64> = (0..rows).map(|_| rng.u64(0..src_rows as u64)).collect();
+            idx[5] = src_rows as u64;
+            for &stride in &[1usize, 3, 64, 1000] {
+                let mut dst_back = aligned(&mut rng, (rows * row_bytes + dst_off).div_ceil(4) + 4);
+                let dst_all = bytemuck_bytes(&mut dst_back);
+                dst_all.fill(POISON);
+                let dst = &mut dst_all[dst_off..dst_off + rows * row_bytes];
+                for gid in 0..stride {
+                    // SAFETY: the buffers are as long as stated; threads
+                    // are simulated one after another.
+                    unsafe {
+                        thread::gather_rows(
+                            src.as_ptr(),
+                            src.len(),
+                            idx.as_ptr(),
+                            rows,
+                            row_bytes,
+                            dst.as_mut_ptr(),
+                            gid,
+                            stride,
+                        )
+                    };
+                }
+                for (r, &i) in idx.iter().enumerate() {
+                    let got = &dst[r * row_bytes..(r + 1) * row_bytes];
+                    if i as usize >= src_rows {
+                        assert!(got.iter().all(|&b| b == POISON), "row {r} written");
+                    } else {
+                        let i = i as usize;
+                        assert_eq!(
+                            got,
+                            &src[i * row_bytes..(i + 1) * row_bytes],
+                            "row {r}, row_bytes {row_bytes}, offsets {src_off}/{dst_off}, stride {stride}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bytemuck_bytes(v: &mut [elementwise::F32x4]) -> &mut [u8] {
+    // SAFETY: F32x4 is 16 plain bytes with no padding.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 16) }
+}

@@ -296,6 +296,15 @@ pub(crate) trait Backend: Send + Sync {
     /// # Safety
     /// `ptr..ptr+bytes` (`bytes > 0`) is valid host memory that stays put until `unregister_host`.
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool>;
+    /// As [`Backend::register_host`], for memory the device only reads
+    /// (a read-only file mapping may be registered this way).
+    ///
+    /// # Safety
+    /// As for `register_host`, with the range valid for reads only.
+    unsafe fn register_host_read_only(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
+        // SAFETY: forwarded.
+        unsafe { self.register_host(ptr, bytes) }
+    }
     /// # Safety
     /// `ptr` was registered with `register_host` and no operation uses it.
     unsafe fn unregister_host(&self, ptr: *mut u8, bytes: usize) -> Result<()>;

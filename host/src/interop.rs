@@ -131,6 +131,13 @@ pub unsafe fn device_slice_mut<'a, T>(
     unsafe { raw_device_slice_mut(addr, len, device.id()) }
 }
 
+/// What a registration lets the device do with the range.
+#[derive(Clone, Copy)]
+enum Access {
+    ReadWrite,
+    ReadOnly,
+}
+
 /// Host memory the crate does not own, pinned in place (`cuMemHostRegister`;
 /// `mlock` on the CPU emulation) for as long as this guard lives. The
 /// `owner` given at registration (e.g. a Python buffer export that keeps a
@@ -182,14 +189,52 @@ impl RegisteredRaw {
         bytes: usize,
         owner: Box<dyn Send>,
     ) -> Result<RegisteredRaw> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::register(device, ptr, bytes, owner, Access::ReadWrite) }
+    }
+
+    /// As [`RegisteredRaw::new`], for a range the device only reads (a
+    /// read-only file mapping, for one): the range need only be valid for
+    /// reads, and [`RegisteredRaw::as_mut_ptr`] must not be written through.
+    ///
+    /// # Safety
+    /// As for `new`, with the range valid for reads (not writes).
+    ///
+    /// # Errors
+    /// As for `new`.
+    pub unsafe fn new_read_only(
+        device: &Device,
+        ptr: *mut u8,
+        bytes: usize,
+        owner: Box<dyn Send>,
+    ) -> Result<RegisteredRaw> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::register(device, ptr, bytes, owner, Access::ReadOnly) }
+    }
+
+    /// Registers the range for `access` (the contracts of `new` and
+    /// `new_read_only`).
+    unsafe fn register(
+        device: &Device,
+        ptr: *mut u8,
+        bytes: usize,
+        owner: Box<dyn Send>,
+        access: Access,
+    ) -> Result<RegisteredRaw> {
         if let Some(e) = device.broken() {
             return Err(e);
         }
-        let locked = if bytes > 0 {
-            // SAFETY: the caller's contract: valid and unmoved until unregistered.
-            unsafe { device.backend.register_host(ptr, bytes)? }
-        } else {
+        let locked = if bytes == 0 {
             true // nothing to lock
+        } else {
+            // SAFETY: the caller's contract: valid for `access` and unmoved
+            // until unregistered.
+            unsafe {
+                match access {
+                    Access::ReadWrite => device.backend.register_host(ptr, bytes)?,
+                    Access::ReadOnly => device.backend.register_host_read_only(ptr, bytes)?,
+                }
+            }
         };
         Ok(RegisteredRaw {
             ptr,
@@ -222,6 +267,12 @@ impl RegisteredRaw {
     /// The device it is registered with.
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The first byte, for reading (the contract of [`RegisteredRaw::new`]
+    /// applies as to [`RegisteredRaw::as_mut_ptr`]).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
     }
 
     /// Unregisters and gives the owner back. A failed unregistration is

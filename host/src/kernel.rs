@@ -377,6 +377,7 @@ pub(crate) struct Builtins {
     pub gate_wait: Function<gpu_kernels::gate_wait>,
     #[cfg_attr(not(feature = "hooks"), allow(dead_code))]
     pub trap: Function<gpu_kernels::trap>,
+    pub gather_rows: Function<gpu_kernels::gather_rows>,
 }
 
 impl Builtins {
@@ -395,6 +396,7 @@ impl Builtins {
             intensity: m.function()?,
             gate_wait: m.function()?,
             trap: m.function()?,
+            gather_rows: m.function()?,
         })
     }
 }

@@ -84,8 +84,8 @@ pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
 pub use kernel_abi;
 pub use loader::{
-    batches_per_epoch, epoch_indices, permutation, Batch, Loader, LoaderConfig, LoaderStats,
-    RowSource, MAX_WORLD_SIZE,
+    batches_per_epoch, epoch_indices, permutation, Batch, Gather, Loader, LoaderConfig,
+    LoaderStats, RowSource, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "hooks")]
 #[doc(hidden)]

@@ -21,7 +21,8 @@
 use crate::completion::{lock, Completion};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::memory::DeviceBuffer;
+use crate::interop::RegisteredRaw;
+use crate::memory::{DeviceBuffer, Registered};
 use crate::pool::{PinnedPool, PooledBuffer};
 use crate::stream::Stream;
 use bytemuck::Pod;
@@ -213,7 +214,25 @@ pub struct RowSource<'a> {
     /// The row index each segment ends at (cumulative).
     ends: Vec<usize>,
     row_bytes: usize,
+    /// The registration keeping the rows pinned in place, for a source the
+    /// device can read where it is.
+    pinned: Option<PinnedRows>,
     _borrow: PhantomData<&'a [u8]>,
+}
+
+/// A registration guard ([`Registered`] or [`RegisteredRaw`]) shared by the
+/// row sources over its memory and the loaders reading it.
+#[derive(Clone)]
+struct PinnedRows {
+    _keep: Arc<dyn std::any::Any + Send + Sync>,
+    /// The host-memory domain it is registered in.
+    domain: usize,
+}
+
+impl std::fmt::Debug for PinnedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedRows").finish_non_exhaustive()
+    }
 }
 
 impl<'a> RowSource<'a> {
@@ -230,22 +249,11 @@ impl<'a> RowSource<'a> {
     /// # Errors
     /// As [`RowSource::new`], for any part.
     pub fn concat<T: Pod>(parts: &[&'a [T]], row_len: usize) -> Result<Self> {
-        if row_len == 0 {
-            return Err(Error::InvalidArgument(
-                "a row source's row length must be at least 1".into(),
-            ));
-        }
-        let mut segments = Vec::with_capacity(parts.len());
-        for p in parts {
-            if !p.len().is_multiple_of(row_len) {
-                return Err(Error::InvalidArgument(format!(
-                    "a row source of {} values is not a whole number of rows of {row_len}",
-                    p.len()
-                )));
-            }
-            segments.push((p.as_ptr() as usize, p.len() / row_len));
-        }
-        Ok(Self::build(segments, row_len * std::mem::size_of::<T>()))
+        let raw: Vec<(*const u8, usize)> = parts
+            .iter()
+            .map(|p| (p.as_ptr().cast::<u8>(), p.len()))
+            .collect();
+        RowSource::from_segments(&raw, row_len, std::mem::size_of::<T>())
     }
 
     /// Rows from raw segments: `(address, rows)` pairs of `row_bytes`-byte
@@ -280,7 +288,91 @@ impl<'a> RowSource<'a> {
         Ok(Self::build(out, row_bytes))
     }
 
-    fn build(segments: Vec<(usize, usize)>, row_bytes: usize) -> Self {
+    /// The rows of a vector pinned in place, `row_len` values each: a
+    /// loader on a device of the backend that registered it gathers its
+    /// batches on the device, reading the rows where they are
+    /// ([`Gather::Device`]). The source holds the guard, and a loader keeps
+    /// it until its last gather is done.
+    ///
+    /// # Errors
+    /// As [`RowSource::new`].
+    pub fn registered<T: Pod + Send + Sync>(
+        data: Arc<Registered<T>>,
+        row_len: usize,
+    ) -> Result<RowSource<'static>> {
+        let slice = data.as_slice();
+        let mut source = RowSource::<'static>::from_segments(
+            &[(slice.as_ptr().cast::<u8>(), slice.len())],
+            row_len,
+            std::mem::size_of::<T>(),
+        )?;
+        source.pinned = Some(PinnedRows {
+            domain: data.device().host_domain(),
+            _keep: data,
+        });
+        Ok(source)
+    }
+
+    /// The rows of a range pinned in place by a [`RegisteredRaw`] guard
+    /// (from its first byte, `row_bytes` bytes each, as many whole rows as
+    /// it holds): as [`RowSource::registered`].
+    ///
+    /// # Safety
+    /// The range is written by no one while a loader reads it (the guard's
+    /// contract covers the rest: valid, unmoved while registered).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `row_bytes` 0.
+    pub unsafe fn from_registered_raw(
+        guard: Arc<RegisteredRaw>,
+        row_bytes: usize,
+    ) -> Result<RowSource<'static>> {
+        if row_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "a row source's row size must be at least 1 byte".into(),
+            ));
+        }
+        let rows = guard.byte_len() / row_bytes;
+        let mut source = Self::build(vec![(guard.as_ptr() as usize, rows)], row_bytes);
+        source.pinned = Some(PinnedRows {
+            domain: guard.device().host_domain(),
+            _keep: guard,
+        });
+        Ok(source)
+    }
+
+    fn from_segments(
+        parts: &[(*const u8, usize)],
+        row_len: usize,
+        elem: usize,
+    ) -> Result<RowSource<'static>> {
+        if row_len == 0 {
+            return Err(Error::InvalidArgument(
+                "a row source's row length must be at least 1".into(),
+            ));
+        }
+        let mut segments = Vec::with_capacity(parts.len());
+        for &(p, len) in parts {
+            if !len.is_multiple_of(row_len) {
+                return Err(Error::InvalidArgument(format!(
+                    "a row source of {len} values is not a whole number of rows of {row_len}"
+                )));
+            }
+            segments.push((p as usize, len / row_len));
+        }
+        Ok(RowSource::build(segments, row_len * elem))
+    }
+
+    /// Whether the device can read the rows where they are: the first
+    /// segment's address and its byte length, when the source is pinned in
+    /// place in `domain`, in one segment.
+    fn device_readable(&self, domain: usize) -> Option<(usize, usize)> {
+        let p = self.pinned.as_ref()?;
+        (p.domain == domain && self.segments.len() == 1)
+            .then(|| (self.segments[0].0, self.segments[0].1 * self.row_bytes))
+    }
+
+    fn build<'b>(segments: Vec<(usize, usize)>, row_bytes: usize) -> RowSource<'b> {
         let mut total = 0usize;
         let ends = segments
             .iter()
@@ -293,6 +385,7 @@ impl<'a> RowSource<'a> {
             segments,
             ends,
             row_bytes,
+            pinned: None,
             _borrow: PhantomData,
         }
     }
@@ -407,6 +500,27 @@ pub struct Loader<'a, T: Pod> {
     /// The row addresses of a gather (kept to reuse the allocation).
     addrs: Vec<usize>,
     stats: LoaderStats,
+    /// Where batches are gathered; for [`Gather::Device`], each field's
+    /// mapped (device) address and byte length, and the kernel.
+    gather: Gather,
+    mapped: Vec<(u64, usize)>,
+    gather_fn: Option<crate::kernel::Function<gpu_kernels::gather_rows>>,
+    /// The completion of the last batch issued (a device-gathering loader
+    /// waits for it before letting go of its sources).
+    last: Option<Completion>,
+}
+
+/// Where a [`Loader`] gathers a batch's rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gather {
+    /// On the host: worker threads copy the rows into a pinned block, and
+    /// one DMA per field sends it.
+    Host,
+    /// On the device: a kernel reads the rows where they are (every field
+    /// pinned in place: [`RowSource::registered`]) into the batch; the
+    /// host only sends the batch's indices.
+    Device,
 }
 
 impl<T: Pod> std::fmt::Debug for Loader<'_, T> {
@@ -474,10 +588,38 @@ impl<'a, T: Pod> Loader<'a, T> {
                 crate::staging::MAX_STAGING_THREADS
             ));
         }
+        // On the device when every field is pinned in place, in one
+        // segment, with this device's backend, and mapped.
+        let mapped: Option<Vec<(u64, usize)>> = fields
+            .iter()
+            .map(|f| {
+                let (addr, bytes) = f.device_readable(device.host_domain())?;
+                if bytes == 0 {
+                    return Some((0, 0));
+                }
+                // SAFETY: `addr` is the start of a registered range (the
+                // source holds its guard).
+                unsafe { device.backend.mapped_device_ptr(addr as *mut u8) }
+                    .ok()
+                    .map(|d| (d, bytes))
+            })
+            .collect();
+        let gather_fn = match &mapped {
+            Some(_) => crate::kernel::Builtins::of(device)
+                .ok()
+                .map(|b| b.gather_rows.clone()),
+            None => None,
+        };
+        let (gather, mapped) = match (mapped, &gather_fn) {
+            (Some(m), Some(_)) => (Gather::Device, m),
+            _ => (Gather::Host, Vec::new()),
+        };
         let cpus = device
             .numa_node()
             .map(crate::numa::cpus_of_node)
             .unwrap_or_default();
+        // Gathers on the device need no copying thread.
+        let threads = if gather == Gather::Device { 0 } else { threads };
         let workers =
             crate::workers::CopyWorkers::start(threads, move || crate::numa::run_on_cpus(&cpus))?;
         let mut loader = Loader {
@@ -497,6 +639,10 @@ impl<'a, T: Pod> Loader<'a, T> {
             failed: false,
             addrs: Vec::new(),
             stats: LoaderStats::default(),
+            gather,
+            mapped,
+            gather_fn,
+            last: None,
         };
         loader.start_epoch(0, 0);
         Ok(loader)
@@ -520,6 +666,12 @@ impl<'a, T: Pod> Loader<'a, T> {
     /// Whether an epoch has no batch.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Where batches are gathered: on the device when every field is
+    /// pinned in place ([`RowSource::registered`]), else on the host.
+    pub fn gather(&self) -> Gather {
+        self.gather
     }
 
     /// Where the time went since the loader was made.
@@ -602,17 +754,22 @@ impl<'a, T: Pod> Loader<'a, T> {
         Ok(())
     }
 
-    /// Gathers batch `next_issue` into a pinned block and sends it.
+    /// Gathers batch `next_issue` and sends it: on the host into a pinned
+    /// block then one DMA per field, or on the device (its indices sent,
+    /// then one gather kernel per field).
     fn issue_next(&mut self) -> Result<()> {
         let b = self.config.batch_size;
         let start = self.next_issue * b;
         let end = (start + b).min(self.indices.len());
         let n = end - start;
-        let total: usize = self.fields.iter().map(|f| f.row_bytes() * b).sum();
+        let block_bytes = match self.gather {
+            Gather::Host => self.fields.iter().map(|f| f.row_bytes() * b).sum(),
+            Gather::Device => 8 * b,
+        };
         let t = std::time::Instant::now();
         let mut block = match lock(&self.free).pop() {
             Some(block) => block,
-            None => self.pool.alloc::<u8>(total.max(1))?,
+            None => self.pool.alloc::<u8>(block_bytes.max(1))?,
         };
         let mut fields = Vec::with_capacity(self.fields.len());
         let elem = std::mem::size_of::<T>();
@@ -622,60 +779,69 @@ impl<'a, T: Pod> Loader<'a, T> {
                 n * f.row_bytes() / elem,
             )?);
         }
+        let indices = match self.gather {
+            Gather::Host => None,
+            Gather::Device => Some(DeviceBuffer::<u64>::new(&self.device, n)?),
+        };
         let alloced = std::time::Instant::now();
-        // The gathers first, all of them: a failure there leaves no DMA
-        // behind (the block and the buffers go back at once).
-        let mut off = 0;
-        for f in &self.fields {
-            let bytes = n * f.row_bytes();
-            self.addrs.clear();
-            self.addrs
-                .extend(self.indices[start..end].iter().map(|&i| f.row_addr(i)));
-            let dst = &mut block.as_mut_slice()[off..off + bytes];
-            // SAFETY: every address is a row of the source, readable and
-            // unwritten for 'a (RowSource's contract: a shared borrow, or
-            // the raw constructor's promise); `dst` is our block.
-            unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
-            off += bytes;
-        }
-        let gathered = std::time::Instant::now();
-        // Then the DMAs, one per field, and one event after them.
-        let mut off = 0;
-        let mut issued = Ok(());
-        for (f, buf) in self.fields.iter().zip(&fields) {
-            let bytes = n * f.row_bytes();
-            let (_, addr, _) = buf.staging_parts();
-            if bytes > 0 {
-                // SAFETY: the block is pinned memory of ours, held until
-                // the completion recorded below fires; the device range is
-                // the fresh buffer, whose in-flight record keeps its uses
-                // and its free behind the DMA.
-                issued = unsafe {
-                    self.stream
-                        .raw()
-                        .copy_h2d(addr, block.ptr().add(off), bytes)
-                };
-                if issued.is_err() {
-                    break;
+        // The host's part first, all of it: a failure there leaves no
+        // command behind (the block and the buffers go back at once).
+        let mut bytes_sent = 0;
+        match self.gather {
+            Gather::Host => {
+                let mut off = 0;
+                for f in &self.fields {
+                    let bytes = n * f.row_bytes();
+                    self.addrs.clear();
+                    self.addrs
+                        .extend(self.indices[start..end].iter().map(|&i| f.row_addr(i)));
+                    let dst = &mut block.as_mut_slice()[off..off + bytes];
+                    // SAFETY: every address is a row of the source, readable
+                    // and unwritten for 'a (RowSource's contract: a shared
+                    // borrow, or the raw constructor's promise); `dst` is
+                    // our block.
+                    unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
+                    off += bytes;
+                }
+                bytes_sent = off;
+            }
+            Gather::Device => {
+                let dst = &mut block.as_mut_slice()[..8 * n];
+                for (d, &i) in dst.chunks_exact_mut(8).zip(&self.indices[start..end]) {
+                    d.copy_from_slice(&(i as u64).to_ne_bytes());
                 }
             }
-            off += bytes;
         }
-        // Recorded even after a failed DMA: the ones issued before it read
-        // the block and write the buffers until it fires.
+        let gathered = std::time::Instant::now();
+        // Then the commands, and one event after them.
+        let issued = match &indices {
+            None => self.send_gathered(&block, &fields, n),
+            Some(idx) => {
+                bytes_sent = self.fields.iter().map(|f| n * f.row_bytes()).sum();
+                self.gather_on_device(&block, idx, &fields, n)
+            }
+        };
+        // Recorded even after a failed command: the ones issued before it
+        // read the block and write the buffers until it fires.
         let done = match self.stream.raw().record(false) {
             Ok(ev) => ev.completion,
             Err(e) => {
-                // The DMAs' end can't be observed: never reuse the block
-                // nor free the buffers.
+                // The commands' end can't be observed: never reuse the
+                // block nor free the buffers (nor let go of the sources).
                 std::mem::forget(block);
                 std::mem::forget(fields);
+                std::mem::forget(indices);
+                std::mem::forget(self.fields.clone());
                 return Err(e);
             }
         };
         for buf in &fields {
             buf.staging_parts().2.push(done.clone());
         }
+        if let Some(idx) = &indices {
+            idx.staging_parts().2.push(done.clone());
+        }
+        self.last = Some(done.clone());
         if let Err(e) = issued {
             // The buffers' frees and the block's reuse wait for the event.
             self.give_back_when_done(block, &done);
@@ -683,7 +849,7 @@ impl<'a, T: Pod> Loader<'a, T> {
         }
         let issued_at = std::time::Instant::now();
         self.stats.batches += 1;
-        self.stats.bytes += off as u64;
+        self.stats.bytes += bytes_sent as u64;
         self.stats.alloc += alloced - t;
         self.stats.gather += gathered - alloced;
         self.stats.issue += issued_at - gathered;
@@ -697,6 +863,90 @@ impl<'a, T: Pod> Loader<'a, T> {
             done,
         });
         self.next_issue += 1;
+        Ok(())
+    }
+
+    /// The DMAs of a batch gathered on the host: one per field, from its
+    /// part of `block` into its buffer.
+    fn send_gathered(
+        &self,
+        block: &PooledBuffer<u8>,
+        fields: &[DeviceBuffer<T>],
+        n: usize,
+    ) -> Result<()> {
+        let mut off = 0;
+        for (f, buf) in self.fields.iter().zip(fields) {
+            let bytes = n * f.row_bytes();
+            let (_, addr, _) = buf.staging_parts();
+            if bytes > 0 {
+                // SAFETY: the block is pinned memory of ours, held until
+                // the completion recorded after this fires; the device range
+                // is the fresh buffer, whose in-flight record keeps its
+                // uses and its free behind the DMA.
+                unsafe {
+                    self.stream
+                        .raw()
+                        .copy_h2d(addr, block.ptr().add(off), bytes)?
+                };
+            }
+            off += bytes;
+        }
+        Ok(())
+    }
+
+    /// A batch gathered on the device: its indices (in `block`) sent to
+    /// `idx`, then one gather kernel per field reading the source where it
+    /// is (pinned in place and mapped) into the field's buffer.
+    fn gather_on_device(
+        &self,
+        block: &PooledBuffer<u8>,
+        idx: &DeviceBuffer<u64>,
+        fields: &[DeviceBuffer<T>],
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let (_, idx_addr, _) = idx.staging_parts();
+        // SAFETY: the block is pinned memory of ours holding the n indices,
+        // held until the completion recorded after this fires; `idx` is a
+        // fresh buffer of n values, its free behind that completion.
+        unsafe { self.stream.raw().copy_h2d(idx_addr, block.ptr(), 8 * n)? };
+        let Some(function) = &self.gather_fn else {
+            return Err(Error::Internal(
+                "a device-gathering loader without its kernel".into(),
+            ));
+        };
+        for ((f, buf), &(src, src_bytes)) in self.fields.iter().zip(fields).zip(&self.mapped) {
+            let bytes = n * f.row_bytes();
+            let (_, dst, _) = buf.staging_parts();
+            let config = crate::kernel::LaunchConfig::grid_stride(&self.device, bytes.div_ceil(16));
+            // SAFETY: `src` is the source's mapped address, readable by the
+            // device for `src_bytes` while the loader holds the source's
+            // registration (it waits for its last command before letting go
+            // of it); `idx` holds n indices, each below the source's row
+            // count; `dst` is the fresh buffer of n rows, disjoint from
+            // both, its free behind the completion recorded after this.
+            let params = unsafe {
+                (
+                    kernel_abi::Slice::from_raw_parts(src as *const u8, src_bytes),
+                    kernel_abi::Slice::from_raw_parts(idx_addr as *const u64, n),
+                    f.row_bytes() as u64,
+                    kernel_abi::SliceMut::from_raw_parts(dst as *mut u8, bytes),
+                )
+            };
+            let launch = crate::backend::RawLaunch {
+                name: "gather_rows",
+                function: &function.raw,
+                grid: config.grid,
+                block: config.block,
+                params: Box::new(crate::kernel::TypedParams::<gpu_kernels::gather_rows>(
+                    params,
+                )),
+            };
+            // SAFETY: as for the parameters above.
+            unsafe { self.stream.raw().launch(launch)? };
+        }
         Ok(())
     }
 
@@ -766,5 +1016,14 @@ impl<T: Pod> Unpin for Loader<'_, T> {}
 impl<T: Pod> Drop for Loader<'_, T> {
     fn drop(&mut self) {
         self.drop_queue();
+        // Kernels still reading a source where it is: its registration
+        // (held by the fields, dropped next) must outlive them. At most
+        // `prefetch` batches' gathers; a failure there is the context's,
+        // which ends every command of it.
+        if self.gather == Gather::Device {
+            if let Some(last) = self.last.take() {
+                let _ = last.block();
+            }
+        }
     }
 }

@@ -297,6 +297,11 @@ impl<T: Pod> Registered<T> {
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         self.data.as_deref_mut().unwrap_or(&mut [])
     }
+
+    /// The device it is registered with.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
 }
 
 impl<T: Pod> Drop for Registered<T> {

@@ -126,5 +126,6 @@ mod tests {
         assert_eq!(e["intensity"], sizes::<gpu_kernels::intensity>());
         assert_eq!(e["gate_wait"], sizes::<gpu_kernels::gate_wait>());
         assert_eq!(e["trap"], sizes::<gpu_kernels::trap>());
+        assert_eq!(e["gather_rows"], sizes::<gpu_kernels::gather_rows>());
     }
 }

@@ -8,8 +8,10 @@
 
 use futures::StreamExt;
 use host::{
-    batches_per_epoch, block_on, epoch_indices, permutation, Error, Loader, LoaderConfig, RowSource,
+    batches_per_epoch, block_on, epoch_indices, permutation, Error, Gather, Loader, LoaderConfig,
+    Registered, RowSource,
 };
+use std::sync::Arc;
 
 const POISON: u32 = 0xDEAD_BEEF;
 
@@ -46,23 +48,39 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
     let b = data(rows, b_len, 2);
     let (b0, rest) = b.split_at(300 * b_len);
     let (b1, b2) = rest.split_at(b_len);
-    for (shuffle, drop_last, batch, prefetch, threads) in [
-        (false, false, 64, 2, 3),
-        (true, false, 100, 1, 0),
-        (true, true, 64, 4, 2),
-        (false, true, 1000, 2, 1),
-        (true, false, 5000, 3, 3),
+    // The same data pinned in place: gathered on the device.
+    let pa = Arc::new(Registered::new(&device, a.clone()).unwrap());
+    let pb = Arc::new(Registered::new(&device, b.clone()).unwrap());
+    for (shuffle, drop_last, batch, prefetch, threads, pinned) in [
+        (false, false, 64, 2, 3, false),
+        (true, false, 100, 1, 0, false),
+        (true, true, 64, 4, 2, false),
+        (false, true, 1000, 2, 1, false),
+        (true, false, 5000, 3, 3, false),
+        (false, false, 64, 2, 3, true),
+        (true, false, 100, 1, 0, true),
+        (true, true, 64, 4, 2, true),
+        (true, false, 5000, 3, 3, true),
     ] {
-        let fields = vec![
-            RowSource::new(&a, a_len).unwrap(),
-            RowSource::concat(&[b0, b1, b2], b_len).unwrap(),
-        ];
+        let fields = if pinned {
+            vec![
+                RowSource::registered(pa.clone(), a_len).unwrap(),
+                RowSource::registered(pb.clone(), b_len).unwrap(),
+            ]
+        } else {
+            vec![
+                RowSource::new(&a, a_len).unwrap(),
+                RowSource::concat(&[b0, b1, b2], b_len).unwrap(),
+            ]
+        };
         let mut config = LoaderConfig::new(batch);
         config.shuffle = shuffle;
         config.drop_last = drop_last;
         config.prefetch = prefetch;
         config.seed = 42;
         let mut loader = Loader::<u32>::with_threads(&device, fields, config, threads).unwrap();
+        let want_gather = if pinned { Gather::Device } else { Gather::Host };
+        assert_eq!(loader.gather(), want_gather);
         for epoch in 0..2 {
             loader.start_epoch(epoch, 0);
             let order = epoch_indices(rows, &config, epoch);
@@ -273,4 +291,29 @@ fn the_stats_count_every_batch_and_byte_sent(device: host::Device) {
     assert_eq!(s.batches, 10);
     assert_eq!(s.bytes, 2 * (rows * (a_len + b_len) * 4) as u64);
     assert!(s.gather > std::time::Duration::ZERO);
+}
+
+host::backend_tests!(a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place);
+fn a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place(device: host::Device) {
+    let a = data(50, 4, 21);
+    let pa = Arc::new(Registered::new(&device, a.clone()).unwrap());
+    let config = LoaderConfig::new(8);
+    let mixed = vec![
+        RowSource::registered(pa.clone(), 4).unwrap(),
+        RowSource::new(&a, 4).unwrap(),
+    ];
+    let loader = Loader::<u32>::new(&device, mixed, config).unwrap();
+    assert_eq!(loader.gather(), Gather::Host);
+    drop(loader);
+    let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
+    let mut loader = Loader::<u32>::new(&device, pinned, config).unwrap();
+    assert_eq!(loader.gather(), Gather::Device);
+    // Dropped with batches in flight: the source outlives their gathers
+    // (the loader waits for them), and the guard is the caller's again.
+    loader.start_epoch(0, 0);
+    let mut first = block_on(loader.next()).unwrap().unwrap();
+    drop(loader);
+    assert_eq!(read(&mut first.fields[0]), a[..8 * 4].to_vec());
+    let guard = Arc::try_unwrap(pa).expect("the loader let go of the source");
+    assert_eq!(guard.into_inner(), a);
 }

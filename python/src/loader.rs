@@ -61,6 +61,55 @@ struct Keep {
     views: Vec<ContiguousView>,
 }
 
+/// The loader's row sources: each field pinned in place (read-only) when
+/// every field is one piece of memory that can be, so the device gathers
+/// the batches itself; else plain sources the host gathers from.
+/// Each field: its (address, rows) segments and its row size.
+fn row_sources(
+    device: &host::Device,
+    fields: &[(Vec<(usize, usize)>, usize)],
+) -> host::Result<Vec<host::RowSource<'static>>> {
+    let mut pinned = Vec::with_capacity(fields.len());
+    for (segments, row_bytes) in fields {
+        let [(ptr, rows)] = segments[..] else {
+            break;
+        };
+        let bytes = rows * row_bytes;
+        // SAFETY: the field's memory is kept alive and unmoved by `keep`'s
+        // buffer exports until after the loader (which holds the guard)
+        // is gone (`Drop` joins the producer first); only read through it.
+        let guard = unsafe {
+            host::interop::RegisteredRaw::new_read_only(device, ptr as *mut u8, bytes, Box::new(()))
+        };
+        let Ok(guard) = guard else { break };
+        // SAFETY: as above; nothing writes the source while the loader
+        // reads it (the module's documented contract).
+        pinned.push(unsafe {
+            host::RowSource::from_registered_raw(std::sync::Arc::new(guard), (*row_bytes).max(1))
+        }?);
+    }
+    if pinned.len() == fields.len() {
+        return Ok(pinned);
+    }
+    drop(pinned); // unregistered: the host gathers instead
+    fields
+        .iter()
+        .map(|(segments, row_bytes)| {
+            let segments: Vec<(*const u8, usize)> =
+                segments.iter().map(|&(p, r)| (p as *const u8, r)).collect();
+            // SAFETY: `keep` holds a buffer export of every segment until
+            // the producer thread (which owns the loader) has been joined
+            // (`Drop`), or, if construction fails, until the loader is
+            // dropped (locals go in reverse order); an export keeps the
+            // memory from being freed, resized or unmapped. Replacing an
+            // array's memory under its exports (`__setstate__`,
+            // `resize(refcheck=False)`) while the loader lives is excluded
+            // by the documented contract (the module's notes).
+            unsafe { host::RowSource::from_raw_parts(&segments, (*row_bytes).max(1)) }
+        })
+        .collect()
+}
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
@@ -416,6 +465,8 @@ fn importable(py: Python<'_>, name: &str) -> bool {
 pub struct Loader {
     /// The producer thread running the epochs (None once stopped).
     producer: Option<Producer>,
+    /// Where the batches are gathered.
+    gather: host::Gather,
     fields: Vec<Field>,
     as_dict: bool,
     framework: Framework,
@@ -919,20 +970,16 @@ impl Loader {
                 )));
             }
         }
-        let mut sources = Vec::with_capacity(fields.len());
-        for f in &fields {
-            // SAFETY: `keep` holds a buffer export of every segment until
-            // the producer thread (which owns the loader) has been joined
-            // (`Drop`), or, if construction fails, until the loader is
-            // dropped (locals go in reverse order); an export keeps the
-            // memory from being freed, resized or unmapped. Replacing an
-            // array's memory under its exports (`__setstate__`,
-            // `resize(refcheck=False)`) while the loader lives is excluded
-            // by the documented contract (the module's notes).
-            let s =
-                unsafe { host::RowSource::from_raw_parts(&f.segments, f.row_bytes.max(1)) }.py()?;
-            sources.push(s);
-        }
+        let plain: Vec<(Vec<(usize, usize)>, usize)> = fields
+            .iter()
+            .map(|f| {
+                (
+                    f.segments.iter().map(|&(p, r)| (p as usize, r)).collect(),
+                    f.row_bytes,
+                )
+            })
+            .collect();
+        let sources = py.detach(|| row_sources(&device, &plain)).py()?;
         let mut config = host::LoaderConfig::new(batch_size as usize);
         config.shuffle = shuffle;
         config.seed = seed;
@@ -943,10 +990,11 @@ impl Loader {
         let inner = py
             .detach(|| host::Loader::<u8>::new(&device, sources, config))
             .py()?;
-        let (rows, batches_per_epoch) = (inner.rows(), inner.len());
+        let (rows, batches_per_epoch, gather) = (inner.rows(), inner.len(), inner.gather());
         let producer = Producer::start(inner)?;
         Ok(Loader {
             producer: Some(producer),
+            gather,
             fields,
             as_dict,
             framework,
@@ -966,6 +1014,17 @@ impl Loader {
             retiring: Vec::new(),
             _keep: keep,
         })
+    }
+
+    /// Where batches are gathered: "device" (the source pinned in place,
+    /// read by a kernel where it is) or "host" (native threads copy the
+    /// rows into pinned blocks).
+    #[getter]
+    fn gather(&self) -> &'static str {
+        match self.gather {
+            host::Gather::Device => "device",
+            host::Gather::Host => "host",
+        }
     }
 
     /// Batches in one epoch (this rank's).

@@ -128,6 +128,41 @@ def test_every_batch_equals_numpys_gather_of_its_rows(device, dtype, shuffle, dr
         assert rows == (1001 // batch * batch if drop_last else 1001)
 
 
+def test_in_memory_arrays_are_gathered_on_the_device_and_others_on_the_host(device, tmp_path):
+    rng = np.random.default_rng(12)
+    a = fresh(rng, (513, 8), "float32")
+    labels = fresh(rng, (513,), "int64")
+    np.save(tmp_path / "a.npy", a)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    paths = [str(tmp_path / "a.npy"), str(tmp_path / "a.npy")]
+    cases = [
+        ({"x": a, "y": labels}, "device", a),       # in memory, one piece each: pinned in place
+        (mapped, "device", a),                      # a read-only memory map: pinned read-only
+        ({"x": paths, "y": np.concatenate([labels, labels])}, "host", np.concatenate([a, a])),
+    ]
+    for source, where, whole in cases:
+        ld = gpufeed.Loader(source, 40, shuffle=True, seed=3, device=device, framework="gpufeed")
+        assert ld.gather == where
+        want = ref_batches(len(whole), 40, True, 3, 0)
+        for k, b in enumerate(ld):
+            x = b["x"] if isinstance(b, dict) else b
+            same(host_copy(x), whole[np.array(want[k])])
+        del ld
+    # Memory pinned elsewhere already is left as it is: the host gathers.
+    c = fresh(rng, (100, 16), "float32")
+    buf = gpufeed.pin(c)
+    ld = gpufeed.Loader(c, 40, device=device, framework="gpufeed")
+    assert ld.gather == "host"
+    same(host_copy(next(iter(ld))), c[:40])
+    del ld
+    buf.unpin()
+    # A loader's own pin lasts as long as the loader: then the array is free.
+    ld = gpufeed.Loader(c, 40, device=device, framework="gpufeed")
+    assert ld.gather == "device"
+    del ld
+    gpufeed.pin(c).unpin()
+
+
 def test_a_dict_source_gives_dict_batches_of_features_and_labels(device):
     rng = np.random.default_rng(3)
     x = fresh(rng, (777, 16), "float32")

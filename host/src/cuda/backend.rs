@@ -263,10 +263,33 @@ impl Backend for CudaBackend {
         self.shared.bind()?;
         // SAFETY: the caller guarantees the range is valid and stays put.
         let r = unsafe {
-            sys::cuMemHostRegister_v2(ptr.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            sys::cuMemHostRegister_v2(
+                ptr.cast(),
+                bytes,
+                sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
         };
         self.shared.check("cuMemHostRegister", r)?;
         Ok(true) // the driver locks what it registers, or fails
+    }
+
+    unsafe fn register_host_read_only(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
+        self.shared.usable()?;
+        self.shared.free_parked();
+        self.shared.bind()?;
+        // SAFETY: the caller guarantees the range is valid for reads and
+        // stays put.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                ptr.cast(),
+                bytes,
+                sys::CU_MEMHOSTREGISTER_PORTABLE
+                    | sys::CU_MEMHOSTREGISTER_DEVICEMAP
+                    | sys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
+        };
+        self.shared.check("cuMemHostRegister (read-only)", r)?;
+        Ok(true)
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {

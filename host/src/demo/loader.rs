@@ -1,6 +1,7 @@
 //! `host loader`: batches of rows gathered by index from an ordinary `Vec`
-//! (shuffled: random rows) to the device by [`host::Loader`], against the
-//! pinned copy of the same bytes in the same run.
+//! (shuffled: random rows) to the device by [`host::Loader`], on the host
+//! and, with the `Vec` pinned in place, on the device, against the pinned
+//! copy of the same bytes in the same run.
 //!
 //! Every batch of a first (untimed) epoch is read back into poisoned memory
 //! and compared with a plain gather of the rows the epoch's order names;
@@ -9,12 +10,13 @@
 use super::fmt::size;
 use super::report::{cell, median, write_json, Meta};
 use host::{
-    block_on, epoch_indices, Device, DeviceBuffer, Loader, LoaderConfig, PinnedHost, PinnedPool,
-    RowSource, Stream,
+    block_on, epoch_indices, Device, DeviceBuffer, Gather, Loader, LoaderConfig, PinnedHost,
+    PinnedPool, Registered, RowSource, Stream,
 };
 use rayon::prelude::*;
 use serde::Serialize;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 const POISON: u32 = 0xDEAD_BEEF;
@@ -52,6 +54,9 @@ impl Config {
 pub struct Row {
     pub batch_bytes: usize,
     pub batches_per_epoch: usize,
+    /// Where the rows were gathered: on the host (from the `Vec`) or on the
+    /// device (the `Vec` pinned in place).
+    pub gather: Gather,
     /// GB/s of batch bytes delivered: medians of `reps` epochs.
     pub loader_gbps: Option<f64>,
     /// One DMA of a whole epoch's bytes from pinned memory (the link).
@@ -63,7 +68,7 @@ pub struct Row {
     /// rows into pinned memory, allocating device buffers, issuing DMAs,
     /// and the whole (the rest is waiting for the DMAs).
     pub us_per_batch: Breakdown,
-    /// GB/s of the gathers alone (the host side's bound).
+    /// GB/s of the host's gathers alone (its bound; none on the device).
     pub gather_gbps: Option<f64>,
 }
 
@@ -115,6 +120,8 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let row_len = (config.row_bytes / 4).max(1);
     let n_rows = (config.array_bytes / 4 / row_len).max(1);
     let data = words(n_rows * row_len);
+    // The same rows pinned in place: the loader gathers them on the device.
+    let pinned_data = Arc::new(Registered::new(device, data.clone())?);
     let stream = Stream::new(device)?;
     let pool = PinnedPool::new(device);
     let mut rows = Vec::new();
@@ -125,21 +132,11 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         config.reps
     );
     println!(
-        "   {:>9} {:>8} {:>10} {:>10} {:>8} {:>9} {:>6} {:>6} {:>6} {:>8}",
-        "batch",
-        "batches",
-        "loader",
-        "pinned",
-        "ratio",
-        "µs/batch",
-        "gather",
-        "alloc",
-        "issue",
-        "gather"
+        "   gathered on the host (a Vec) or on the device (the Vec pinned in place); µs per batch: all, the host's gather"
     );
     println!(
-        "   {:>9} {:>8} {:>10} {:>10} {:>8} {:>9} {:>6} {:>6} {:>6} {:>8}",
-        "", "", "GB/s", "GB/s", "", "total", "µs", "µs", "µs", "GB/s"
+        "   {:>9} {:>8} {:>7} {:>10} {:>10} {:>8} {:>9} {:>8}",
+        "batch", "batches", "gather", "loader", "pinned", "ratio", "µs/batch", "gather"
     );
     for &batch_bytes in &config.batch_bytes {
         let batch_rows = (batch_bytes / (row_len * 4)).clamp(1, n_rows);
@@ -147,87 +144,48 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         lc.shuffle = true;
         lc.seed = 7;
         lc.drop_last = true;
-        let fields = vec![RowSource::new(&data, row_len)?];
-        let mut loader = Loader::<u32>::new(device, fields, lc)?;
-        // Verification epoch: every batch read back into poisoned memory.
-        let order = epoch_indices(n_rows, &lc, 0);
-        loader.start_epoch(0, 0);
-        let (mut verified, mut seen, mut got) = (true, 0, Vec::new());
-        while let Some(batch) = block_on(futures::StreamExt::next(&mut loader)) {
-            let mut batch = batch?;
-            let want = &order[seen..seen + batch.rows];
-            got.clear();
-            got.resize(batch.fields[0].len(), POISON);
-            batch.fields[0].copy_to_host_sync(&mut got)?;
-            verified &= got == gather(&data, row_len, want);
-            seen += batch.rows;
-        }
-        verified &= seen == loader.len() * batch_rows;
-        // Timed epochs (a batch is dropped as soon as it arrives: its
-        // device memory goes back as a training step's would).
-        let mut gbps = Vec::new();
-        let (mut g, mut a, mut i, mut w, mut ggb) = (vec![], vec![], vec![], vec![], vec![]);
-        for rep in 0..config.reps {
-            loader.start_epoch(1 + rep as u64, 0);
-            let before = loader.stats();
-            let t = Instant::now();
-            let mut bytes = 0usize;
-            while let Some(batch) = block_on(futures::StreamExt::next(&mut loader)) {
-                bytes += batch?.rows * row_len * 4;
-            }
-            let wall = t.elapsed().as_secs_f64();
-            gbps.push(bytes as f64 / wall / 1e9);
-            let s = loader.stats();
-            let n = (s.batches - before.batches).max(1) as f64;
-            g.push((s.gather - before.gather).as_secs_f64() * 1e6 / n);
-            a.push((s.alloc - before.alloc).as_secs_f64() * 1e6 / n);
-            i.push((s.issue - before.issue).as_secs_f64() * 1e6 / n);
-            w.push(wall * 1e6 / n);
-            ggb.push(
-                (s.bytes - before.bytes) as f64 / (s.gather - before.gather).as_secs_f64() / 1e9,
-            );
-        }
-        let breakdown = Breakdown {
-            gather: cell(median(&g), 1),
-            alloc: cell(median(&a), 1),
-            issue: cell(median(&i), 1),
-            total: cell(median(&w), 1),
-        };
         // The link: the same bytes from pinned memory, batch by batch.
         let pinned_gbps = pinned_rate(
             device,
             &stream,
             &pool,
             batch_rows * row_len,
-            loader.len(),
+            n_rows / batch_rows,
             config.reps,
         )?;
-        let lg = median(&gbps);
-        let row = Row {
-            batch_bytes: batch_rows * row_len * 4,
-            batches_per_epoch: loader.len(),
-            loader_gbps: cell(lg, 2),
-            pinned_gbps: cell(pinned_gbps, 2),
-            loader_over_pinned: cell(lg / pinned_gbps, 3),
-            verified,
-            us_per_batch: breakdown,
-            gather_gbps: cell(median(&ggb), 2),
-        };
-        println!(
-            "   {:>9} {:>8} {:>10.2} {:>10.2} {:>7.3}x {:>9.1} {:>6.1} {:>6.1} {:>6.1} {:>8.2}{}",
-            size(row.batch_bytes),
-            row.batches_per_epoch,
-            lg,
-            pinned_gbps,
-            lg / pinned_gbps,
-            median(&w),
-            median(&g),
-            median(&a),
-            median(&i),
-            median(&ggb),
-            if verified { "" } else { "  WRONG DATA" }
-        );
-        rows.push(row);
+        for on_device in [false, true] {
+            let fields = if on_device {
+                vec![RowSource::registered(pinned_data.clone(), row_len)?]
+            } else {
+                vec![RowSource::new(&data, row_len)?]
+            };
+            let mut loader = Loader::<u32>::new(device, fields, lc)?;
+            let row = measure(
+                &mut loader,
+                &data,
+                row_len,
+                n_rows,
+                &lc,
+                config.reps,
+                pinned_gbps,
+            )?;
+            println!(
+                "   {:>9} {:>8} {:>7} {:>10.2} {:>10.2} {:>7.3}x {:>9.1} {:>8.1}{}",
+                size(row.batch_bytes),
+                row.batches_per_epoch,
+                match row.gather {
+                    Gather::Host => "host",
+                    Gather::Device => "device",
+                },
+                row.loader_gbps.unwrap_or(f64::NAN),
+                pinned_gbps,
+                row.loader_over_pinned.unwrap_or(f64::NAN),
+                row.us_per_batch.total.unwrap_or(f64::NAN),
+                row.us_per_batch.gather.unwrap_or(f64::NAN),
+                if row.verified { "" } else { "  WRONG DATA" }
+            );
+            rows.push(row);
+        }
     }
     let bad = rows.iter().filter(|r| !r.verified).count();
     let results = Results {
@@ -244,6 +202,75 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         )));
     }
     Ok(results)
+}
+
+/// One loader's row: a verification epoch (every batch read back into
+/// poisoned memory and compared with a plain gather), then `reps` timed
+/// epochs of other seeds' orders.
+fn measure(
+    loader: &mut Loader<'_, u32>,
+    data: &[u32],
+    row_len: usize,
+    n_rows: usize,
+    lc: &LoaderConfig,
+    reps: usize,
+    pinned_gbps: f64,
+) -> host::Result<Row> {
+    let order = epoch_indices(n_rows, lc, 0);
+    loader.start_epoch(0, 0);
+    let (mut verified, mut seen, mut got) = (true, 0, Vec::new());
+    while let Some(batch) = block_on(futures::StreamExt::next(&mut *loader)) {
+        let mut batch = batch?;
+        let want = &order[seen..seen + batch.rows];
+        got.clear();
+        got.resize(batch.fields[0].len(), POISON);
+        batch.fields[0].copy_to_host_sync(&mut got)?;
+        verified &= got == gather(data, row_len, want);
+        seen += batch.rows;
+    }
+    verified &= seen == loader.len() * lc.batch_size;
+    // Timed epochs (a batch is dropped as soon as it arrives: its device
+    // memory goes back as a training step's would).
+    let mut gbps = Vec::new();
+    let (mut g, mut a, mut i, mut w, mut ggb) = (vec![], vec![], vec![], vec![], vec![]);
+    for rep in 0..reps {
+        loader.start_epoch(1 + rep as u64, 0);
+        let before = loader.stats();
+        let t = Instant::now();
+        let mut bytes = 0usize;
+        while let Some(batch) = block_on(futures::StreamExt::next(&mut *loader)) {
+            bytes += batch?.rows * row_len * 4;
+        }
+        let wall = t.elapsed().as_secs_f64();
+        gbps.push(bytes as f64 / wall / 1e9);
+        let s = loader.stats();
+        let n = (s.batches - before.batches).max(1) as f64;
+        g.push((s.gather - before.gather).as_secs_f64() * 1e6 / n);
+        a.push((s.alloc - before.alloc).as_secs_f64() * 1e6 / n);
+        i.push((s.issue - before.issue).as_secs_f64() * 1e6 / n);
+        w.push(wall * 1e6 / n);
+        ggb.push((s.bytes - before.bytes) as f64 / (s.gather - before.gather).as_secs_f64() / 1e9);
+    }
+    let lg = median(&gbps);
+    Ok(Row {
+        batch_bytes: lc.batch_size * row_len * 4,
+        batches_per_epoch: loader.len(),
+        gather: loader.gather(),
+        loader_gbps: cell(lg, 2),
+        pinned_gbps: cell(pinned_gbps, 2),
+        loader_over_pinned: cell(lg / pinned_gbps, 3),
+        verified,
+        us_per_batch: Breakdown {
+            gather: cell(median(&g), 1),
+            alloc: cell(median(&a), 1),
+            issue: cell(median(&i), 1),
+            total: cell(median(&w), 1),
+        },
+        gather_gbps: match loader.gather() {
+            Gather::Host => cell(median(&ggb), 2),
+            Gather::Device => None,
+        },
+    })
 }
 
 /// GB/s of `batches` copies of `len` words each from pinned memory into
