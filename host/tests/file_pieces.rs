@@ -437,3 +437,55 @@ fn auto_reads_a_cold_range_direct_and_a_cached_one_buffered(device: host::Device
         }
     }
 }
+
+host::backend_tests!(a_read_of_pieces_dropped_at_any_point_leaves_the_engine_whole);
+fn a_read_of_pieces_dropped_at_any_point_leaves_the_engine_whole(device: host::Device) {
+    use std::future::Future;
+    let mut rng = fastrand::Rng::with_seed(0xd209);
+    let dir = Dir::new(&std::env::current_dir().unwrap(), "pieces-drop", &device);
+    let path = dir.0.join("data.bin");
+    let bytes = random_bytes(2_000_003, &mut rng);
+    std::fs::write(&path, &bytes).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let block = (64 << 10) + 4;
+    let staging = engine(&device, block, 4, 2);
+    let (sizes, wants) = random_pieces(&mut rng, bytes.len(), 7, block, true);
+    let want = expected(&bytes, &sizes, &wants);
+    for io in [FileIo::Buffered, FileIo::Direct] {
+        for polls in 0..12 {
+            {
+                let mut bufs: Vec<DeviceBuffer<u8>> =
+                    sizes.iter().map(|&n| poisoned(&device, n)).collect();
+                let pieces: Vec<FilePiece<'_, u8>> = bufs
+                    .iter_mut()
+                    .zip(&wants)
+                    .map(|(b, w)| FilePiece {
+                        at: w.at as u64,
+                        dst: b,
+                        range: w.dst..w.dst + w.len,
+                    })
+                    .collect();
+                let mut copy = staging.read_file_pieces(&file, pieces, io);
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                for _ in 0..polls {
+                    if std::pin::Pin::new(&mut copy).poll(&mut cx).is_ready() {
+                        break;
+                    }
+                }
+                drop(copy);
+                // The buffers are freed with DMAs perhaps still in flight.
+            }
+            // Every block came back: a whole read still runs, and lands.
+            match read_pieces(&staging, &file, &sizes, &wants, io) {
+                Ok((_, got)) => check(&got, &want, &format!("{io:?} after a drop at {polls}")),
+                Err(Error::Io(e)) if e.kind() == std::io::ErrorKind::Unsupported => break,
+                Err(e) => panic!("{io:?} after a drop at {polls}: {e:?}"),
+            }
+            let stats = staging.pool_stats();
+            assert!(
+                stats.in_use_bytes <= (block as u64 * 9 / 8) * 4,
+                "{stats:?}"
+            );
+        }
+    }
+}
