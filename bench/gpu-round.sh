@@ -24,9 +24,9 @@
 #                                   loader suites, the wheel's pytest, the is_pinned probe; its
 #                                   figures come from a second call on the same bundle:
 #                                   LOADER=1 FILES=1 bash bench/gpu-round.sh measure
-#   bash bench/gpu-round.sh files   files to the GPU: the staging tests (REQUIRE_GPU=1, the O_DIRECT
-#                                   ones included), the wheel's file tests, `host files` at 4 GiB
-#                                   (warm, cold O_DIRECT / buffered, the disk's own O_DIRECT rate)
+#   bash bench/gpu-round.sh files   files to the GPU: the staging and file_pieces tests (REQUIRE_GPU=1,
+#                                   the O_DIRECT ones included), the wheel's file tests, `host files` at 4 GiB
+#                                   (warm, cold auto / O_DIRECT / buffered, the disk's own O_DIRECT rate)
 #                                   and bench/peers/files.py (KvikIO, np.load, torch.load,
 #                                   safetensors; 4 GiB) on the repository's disk. KvikIO's wheels
 #                                   (kvikio-cu13, libkvikio-cu13, rapids-logger, cuda-pathfinder,
@@ -129,6 +129,9 @@ if [ "$mode" = files ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; t
     exe=$(ls .gpu/tests/staging-* 2>/dev/null | head -1)
     TMPDIR="$scratch" REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$FD/staging_tests.log" 2>&1 || { fail=1; note "STAGING TESTS FAILED"; }
     grep "^test result" "$FD/staging_tests.log" | tee -a "$R/logs/summary.log"
+    exe=$(ls .gpu/tests/file_pieces-* 2>/dev/null | head -1)
+    TMPDIR="$scratch" REQUIRE_GPU=1 timeout 200 "$exe" --include-ignored > "$FD/file_pieces_tests.log" 2>&1 || { fail=1; note "FILE PIECES TESTS FAILED"; }
+    grep "^test result" "$FD/file_pieces_tests.log" | tee -a "$R/logs/summary.log"
     PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider --basetemp "$scratch/pytest" python/tests/test_files.py > "$FD/python-files-tests.log" 2>&1 || { fail=1; note "PYTHON FILES TESTS FAILED"; }
     tail -2 "$FD/python-files-tests.log" | tee -a "$R/logs/summary.log"
   fi

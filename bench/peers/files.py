@@ -14,7 +14,12 @@ Warm: the file in the page cache (read once before). Cold: its pages
 evicted first with posix_fadvise(POSIX_FADV_DONTNEED) (after os.sync; the
 eviction checked once by timing a plain read of 256 MiB right after it),
 --cold-reps runs. The disk's own rate in the same run: dd iflag=direct
-bs=16M of the same file.
+bs=16M of the same file (before the cold reads and at the end: the ratio
+uses their mean). gpufeed's cold reads run with the automatic choice
+(direct=None: O_DIRECT for a cold range, buffered for a cached one); the
+mode it chose (gpufeed.file_read_mode right after the eviction) is in the
+row's "mode"; gpufeed.read_file also runs cold with direct=False and
+direct=True for comparison.
 
 Timing: wall time of the call plus torch.cuda.synchronize(); medians.
 Every result checked against the data on the GPU (torch.equal over the raw
@@ -22,7 +27,7 @@ words), and for gpufeed once per configuration also copied back to host
 memory and compared there with the generated array.
 
 Output (--out): {"gpu", "rows": [{"format", "cache", "idiom", "bytes",
-"gbps", "runs", "verified"}], "disk_direct_gbps", "kvikio", "gds",
+"gbps", "runs", "verified", "mode"}], "disk_direct_gbps", "disk_direct_runs", "kvikio", "gds",
 "evict_check", "ratios"}; exit 1 if a check failed. Budget: < 150 s on the
 H200 machine at 4 GiB (cold runs capped).
 """
@@ -177,14 +182,17 @@ def main():
             ok &= bool(np.array_equal(back[i * per:(i + 1) * per], a[i * per:(i + 1) * per]))
         return ok
 
-    def run(fmt, idiom, call, check, path, size, warm_reps, caches=("warm", "cold"), host_check=None):
+    def run(fmt, idiom, call, check, path, size, warm_reps, caches=("warm", "cold"), host_check=None,
+            mode=None):
         nonlocal ok_all
         for cache in caches:
-            times, verified = [], True
+            times, verified, modes = [], True, []
             reps = warm_reps + 1 if cache == "warm" else args.cold_reps
             for r in range(reps):
                 if cache == "cold":
                     evict(path)
+                if mode is not None:
+                    modes.append(mode())  # what gpufeed's automatic choice takes now (reads nothing)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 res = call()
@@ -198,10 +206,12 @@ def main():
                     times.append(t)
             gbps = statistics.median([size / t / 1e9 for t in times])
             ok_all &= verified
+            chosen = ",".join(sorted(set(modes))) or None
             rows.append({"format": fmt, "cache": cache, "idiom": idiom, "bytes": size, "gbps": gbps,
-                         "runs": [round(size / t / 1e9, 3) for t in times], "verified": verified})
+                         "runs": [round(size / t / 1e9, 3) for t in times], "verified": verified,
+                         "mode": chosen})
             print(f"{fmt:<12} {cache:<5} {idiom:<40} {gbps:7.2f} GB/s{'' if verified else '  WRONG'}"
-                  f"   [{time.perf_counter() - t_start:.0f} s]", flush=True)
+                  f"{f'  ({chosen})' if chosen else ''}   [{time.perf_counter() - t_start:.0f} s]", flush=True)
 
     # The eviction works: a plain read right after it is at the disk's pace.
     plain_read_gbps(npy, 256 * MiB)
@@ -212,9 +222,23 @@ def main():
                    "evicts": cold_plain < warm_plain / 2}
     print(f"eviction check: plain read {warm_plain:.2f} GB/s warm, {cold_plain:.2f} GB/s after DONTNEED", flush=True)
 
+    disk_runs = []
+    evict(npy)
+    disk_runs.append(dd_direct_gbps(npy))
+    print(f"disk, dd iflag=direct bs=16M: {disk_runs[-1]} GB/s", flush=True)
+
+    def npy_mode():
+        return gpufeed.file_read_mode(npy, offset=data_offset, nbytes=nbytes, device=dev)
+
     # raw: the same file's data region, ours against KvikIO.
     run("raw", "gpufeed.read_file", lambda: gpufeed.read_file(npy, "int32", shape=(n,), offset=data_offset, device=dev),
-        lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one)
+        lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one, mode=npy_mode)
+    for direct, name in [(False, "buffered"), (True, "O_DIRECT")]:
+        run("raw", f"gpufeed.read_file (direct={direct}: {name})",
+            lambda direct=direct: gpufeed.read_file(npy, "int32", shape=(n,), offset=data_offset, device=dev,
+                                                    direct=direct),
+            lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, caches=("cold",),
+            host_check=host_check_one)
     if kvikio is not None:
         dst = torch.empty(n, dtype=torch.int32, device="cuda")
         best = None
@@ -242,7 +266,8 @@ def main():
     run("npy", "np.load + torch .cuda()", lambda: torch.from_numpy(np.load(npy)).cuda(),
         lambda t: same(t, want), npy, nbytes, args.slow_reps)
     run("npy", "gpufeed.load", lambda: gpufeed.load(npy, dev),
-        lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one)
+        lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one,
+        mode=npy_mode)
 
     # torch.load of the same tensors
     run("torch", "torch.load(map_location=cuda)", lambda: torch.load(pt, map_location="cuda"),
@@ -254,11 +279,14 @@ def main():
             lambda d: all(same(d[k], want_parts[k]) for k in names), sft, st_bytes, args.slow_reps)
     run("safetensors", "gpufeed.load_safetensors", lambda: gpufeed.load_safetensors(sft, dev),
         lambda d: all(same(torch.from_dlpack(d[k]), want_parts[k]) for k in names), sft, st_bytes, args.reps,
-        host_check=host_check_parts)
+        host_check=host_check_parts, mode=lambda: gpufeed.file_read_mode(sft, offset=os.path.getsize(sft) - st_bytes,
+                                                                          nbytes=st_bytes, device=dev))
 
     evict(npy)
-    disk = dd_direct_gbps(npy)
-    print(f"disk, dd iflag=direct bs=16M: {disk} GB/s", flush=True)
+    disk_runs.append(dd_direct_gbps(npy))
+    print(f"disk, dd iflag=direct bs=16M: {disk_runs[-1]} GB/s", flush=True)
+    got_disk = [d for d in disk_runs if d]
+    disk = statistics.mean(got_disk) if got_disk else None
     g = {(r["format"], r["cache"], r["idiom"]): r["gbps"] for r in rows}
     nan = float("nan")
     kv_warm = max([r["gbps"] for r in rows if r["idiom"].startswith("kvikio") and r["cache"] == "warm"] or [nan])
@@ -267,7 +295,14 @@ def main():
         "raw warm: gpufeed.read_file / gpufeed.to_device from memory":
             g.get(("raw", "warm", "gpufeed.read_file"), nan)
             / g.get(("raw", "warm", "gpufeed.to_device (same bytes from memory)"), nan),
-        "raw cold: gpufeed.read_file / dd iflag=direct": g.get(("raw", "cold", "gpufeed.read_file"), nan) / (disk or nan),
+        "raw cold: gpufeed.read_file (auto) / dd iflag=direct": g.get(("raw", "cold", "gpufeed.read_file"), nan)
+            / (disk or nan),
+        "raw cold: gpufeed.read_file (direct=False) / dd iflag=direct":
+            g.get(("raw", "cold", "gpufeed.read_file (direct=False: buffered)"), nan) / (disk or nan),
+        "raw cold: gpufeed.read_file (direct=True) / dd iflag=direct":
+            g.get(("raw", "cold", "gpufeed.read_file (direct=True: O_DIRECT)"), nan) / (disk or nan),
+        "safetensors cold: gpufeed / dd iflag=direct":
+            g.get(("safetensors", "cold", "gpufeed.load_safetensors"), nan) / (disk or nan),
         "safetensors warm: gpufeed / load_file(cuda)":
             g.get(("safetensors", "warm", "gpufeed.load_safetensors"), nan)
             / g.get(("safetensors", "warm", "safetensors.torch.load_file(cuda)"), nan),
@@ -282,7 +317,10 @@ def main():
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     with open(args.out, "w") as f:
-        json.dump({"gpu": smi, "bytes": nbytes, "rows": rows, "disk_direct_gbps": disk, "ratios": ratios,
+        modes = {f"{r['format']} {r['cache']} {r['idiom']}": r["mode"] for r in rows if r["mode"]}
+        print(f"gpufeed's automatic choice: {modes}")
+        json.dump({"gpu": smi, "bytes": nbytes, "rows": rows, "disk_direct_gbps": disk, "disk_direct_runs": disk_runs,
+                   "modes": modes, "ratios": ratios,
                    "kvikio": getattr(kvikio, "__version__", None), "gds": gds, "evict_check": evict_check,
                    "safetensors": getattr(st, "__name__", None), "seconds": time.perf_counter() - t_start},
                   f, indent=1)

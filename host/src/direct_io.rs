@@ -8,16 +8,23 @@
 //! 4 KiB from the block's start), the unaligned tail (under 4 KiB) with a
 //! buffered `pread`, and the DMA starts at the skew of the first byte.
 //!
-//! [`FileIo::Auto`] reads buffered. On the H200 machine (`host files`,
-//! 4 GiB, cold), parallel buffered `pread`s with the kernel's read-ahead
-//! reached 1.76 GB/s against 0.81 GB/s for the ring's `O_DIRECT` reads and
-//! 1.34 GB/s for the disk's own single-stream `O_DIRECT` rate; a cached
-//! file is served from memory far faster than any disk. `O_DIRECT` is there
-//! for who asks ([`FileIo::Direct`]): reads that must not fill the page
-//! cache.
+//! [`FileIo::Auto`] reads `O_DIRECT` when the range is cold: at most one
+//! in eight of [`PROBE_SAMPLES`] pages sampled evenly over it in the page
+//! cache (`mincore` on a mapping of the range: nothing is read, nothing
+//! enters the cache), the range at least [`DIRECT_IO_MIN_BYTES`] and the
+//! file system accepting `O_DIRECT`; buffered otherwise (a cached file is
+//! served from memory far faster than any disk reads it; tmpfs pages
+//! are always resident). Cold reads go in large requests: the workers
+//! fill half the ring's blocks in one job, each participant one aligned
+//! `pread` of 4-16 MiB ([`crate::workers::DIRECT_PIECE_MIN`]), so several
+//! large requests are in flight while the DMAs of the blocks filled before
+//! run. Buffered cold reads reached 0.87x the disk's own 16 MiB `O_DIRECT`
+//! rate on the H200 machine (the kernel's read-ahead in 128 KiB requests);
+//! the ring's earlier `O_DIRECT` reads, one block at a time in 160 KiB
+//! pieces, measured 0.81-2.28 GB/s.
 
 use crate::error::{Error, Result};
-use crate::workers::{read_exact_at, CopyWorkers};
+use crate::workers::{read_exact_at, CopyWorkers, ReadPart};
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -25,8 +32,12 @@ use std::os::unix::io::AsRawFd;
 /// How a file is read into the ring ([`crate::Staging::read_file_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FileIo {
-    /// Buffered: measured faster than this ring's `O_DIRECT` reads cold
-    /// as well as warm (see the module's notes).
+    /// `O_DIRECT` for a cold range, buffered for one in the page cache:
+    /// direct when the range is at least [`DIRECT_IO_MIN_BYTES`], at most
+    /// one in eight of the pages sampled over it is cached, and the file
+    /// system accepts `O_DIRECT`; buffered otherwise (never an error). The
+    /// way taken: [`crate::StagedCopy::file_io`], or
+    /// [`crate::Staging::file_io_for`] before a read.
     #[default]
     Auto,
     /// Through the page cache (`pread`).
@@ -44,15 +55,30 @@ pub enum FileIo {
 /// (the largest logical block size in common use).
 pub const DIRECT_IO_ALIGN: u64 = 4096;
 
-/// The `O_DIRECT` descriptor for a read of `file` the way `io` asks, or
-/// `None` for a buffered read.
+/// Under [`FileIo::Auto`], reads of fewer bytes than this are buffered.
+pub const DIRECT_IO_MIN_BYTES: u64 = 4 << 20;
+
+/// Pages [`FileIo::Auto`] samples to tell whether a range is cached.
+pub const PROBE_SAMPLES: usize = 32;
+
+/// Under [`FileIo::Auto`], a range with more than this share of its sampled
+/// pages in the page cache is read buffered.
+const CACHED_SHARE: f64 = 1.0 / 8.0;
+
+/// The `O_DIRECT` descriptor for a read of `file`'s `ranges` (`(offset,
+/// length)` pairs) the way `io` asks, or `None` for a buffered read.
 ///
 /// # Errors
 /// For [`FileIo::Direct`] only: `Io` of kind `Unsupported` when the file
 /// can't be reopened with `O_DIRECT` (the file system refuses it: tmpfs
 /// before Linux 6.6, some FUSE and network file systems; no `/proc`), or
 /// the descriptor is write-only; `InvalidArgument` for blocks under 8 KiB.
-pub(crate) fn choose(file: &File, io: FileIo, block_bytes: usize) -> Result<Option<File>> {
+pub(crate) fn choose(
+    file: &File,
+    io: FileIo,
+    block_bytes: usize,
+    ranges: &[(u64, u64)],
+) -> Result<Option<File>> {
     let refuse = |why: String| -> Result<Option<File>> {
         Err(std::io::Error::new(
             std::io::ErrorKind::Unsupported,
@@ -61,7 +87,16 @@ pub(crate) fn choose(file: &File, io: FileIo, block_bytes: usize) -> Result<Opti
         .into())
     };
     match io {
-        FileIo::Buffered | FileIo::Auto => return Ok(None),
+        FileIo::Buffered => return Ok(None),
+        FileIo::Auto => {
+            let bytes: u64 = ranges.iter().map(|r| r.1).sum();
+            if bytes < DIRECT_IO_MIN_BYTES
+                || (block_bytes as u64) < 2 * DIRECT_IO_ALIGN
+                || cached_share(file, ranges).is_none_or(|share| share > CACHED_SHARE)
+            {
+                return Ok(None);
+            }
+        }
         FileIo::Direct => {
             if (block_bytes as u64) < 2 * DIRECT_IO_ALIGN {
                 return Err(Error::InvalidArgument(format!(
@@ -96,38 +131,132 @@ fn reopen_direct(file: &File) -> std::result::Result<File, String> {
         .map_err(|e| format!("the file system does not accept it ({e})"))
 }
 
-/// Reads `len` bytes of the file from `at` into `block` with `direct` (the
-/// file opened with `O_DIRECT`) for the aligned part and `buffered` (the
-/// user's descriptor) for the rest; returns the offset in `block` of the
-/// first byte. `block` must hold `at % 4096 + len` bytes.
-pub(crate) fn read_block(
+/// The share of the pages sampled over `file`'s `ranges` (`(offset,
+/// length)` pairs) that are in the page cache: [`PROBE_SAMPLES`] pages
+/// spread evenly over the ranges' bytes, each looked up with `mincore` on a
+/// read-only mapping of its range (nothing is read or faulted in). `None`
+/// when it can't be told (the file can't be mapped: a pipe, a write-only
+/// descriptor) or the ranges are empty.
+pub fn cached_share(file: &File, ranges: &[(u64, u64)]) -> Option<f64> {
+    let page = DIRECT_IO_ALIGN;
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    if total == 0 {
+        return None;
+    }
+    let (mut cached, mut sampled) = (0usize, 0usize);
+    let mut base = 0u64;
+    let mut sample = 0usize;
+    for &(at, len) in ranges {
+        // The samples whose position falls in this range.
+        let mut wanted = Vec::new();
+        while sample < PROBE_SAMPLES {
+            let pos = (2 * sample as u64 + 1) * total / (2 * PROBE_SAMPLES as u64);
+            if pos >= base + len {
+                break;
+            }
+            wanted.push(at + (pos - base));
+            sample += 1;
+        }
+        base += len;
+        if wanted.is_empty() {
+            continue;
+        }
+        let start = at - at % page;
+        let map_len = usize::try_from(at + len - start).ok()?;
+        let offset = libc::off_t::try_from(start).ok()?;
+        // SAFETY: a fresh shared read-only mapping of the file's range,
+        // which nothing reads (only its residency is asked) and which is
+        // unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                offset,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return None;
+        }
+        for off in wanted {
+            let in_map = ((off - start) - (off - start) % page) as usize;
+            let mut resident = 0u8;
+            // SAFETY: one page of our mapping (`in_map` < `map_len`, page
+            // aligned); one byte of result.
+            let ok = unsafe {
+                libc::mincore(
+                    map.cast::<u8>().add(in_map).cast(),
+                    page as usize,
+                    &mut resident,
+                )
+            } == 0;
+            if ok {
+                sampled += 1;
+                cached += usize::from(resident & 1 != 0);
+            }
+        }
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(map, map_len) };
+    }
+    (sampled > 0).then(|| cached as f64 / sampled as f64)
+}
+
+/// One staging block of a direct read: `len` bytes of the file from `at`,
+/// to land at `at % 4096` in `block` (which holds the aligned range around
+/// them: `block` holds at least `at % 4096 + len` bytes).
+pub(crate) struct DirectBlock<'a> {
+    pub(crate) at: u64,
+    pub(crate) block: &'a mut [u8],
+    pub(crate) len: usize,
+}
+
+/// Reads the blocks with `direct` (the file opened with `O_DIRECT`) for
+/// their aligned middles, all in one job of the workers (large requests,
+/// several in flight: [`CopyWorkers::read_parts`]), and `buffered` (the
+/// user's descriptor) for the unaligned tails (under 4 KiB each).
+pub(crate) fn read_blocks(
     workers: &CopyWorkers,
     direct: &File,
     buffered: &File,
-    at: u64,
-    block: &mut [u8],
-    len: usize,
-) -> Result<usize> {
+    blocks: &mut [DirectBlock<'_>],
+) -> Result<()> {
     let align = DIRECT_IO_ALIGN;
-    let start = at - at % align;
-    let skew = (at - start) as usize;
-    let end = at + len as u64;
-    let mid_end = end - end % align;
-    if block.len() < skew + len {
-        return Err(Error::Internal(format!(
-            "a direct read of {len} bytes at skew {skew} into a block of {}",
-            block.len()
-        )));
+    let mut parts = Vec::with_capacity(blocks.len());
+    let mut tails = Vec::with_capacity(blocks.len());
+    for b in blocks.iter_mut() {
+        let (at, len) = (b.at, b.len);
+        let start = at - at % align;
+        let skew = (at - start) as usize;
+        let end = at + len as u64;
+        let mid_end = end - end % align;
+        if b.block.len() < skew + len {
+            return Err(Error::Internal(format!(
+                "a direct read of {len} bytes at skew {skew} into a block of {}",
+                b.block.len()
+            )));
+        }
+        let block_aligned = (b.block.as_ptr() as usize).is_multiple_of(align as usize);
+        if mid_end <= start || !block_aligned {
+            // All in one unaligned page (or, never with pinned blocks, an
+            // unaligned block): buffered.
+            tails.push((at, &mut b.block[skew..skew + len]));
+            continue;
+        }
+        let mid = (mid_end - start) as usize;
+        let (middle, rest) = b.block[..skew + len].split_at_mut(mid);
+        parts.push(ReadPart {
+            at: start,
+            dst: middle,
+        });
+        tails.push((mid_end, rest));
     }
-    let block_aligned = (block.as_ptr() as usize).is_multiple_of(align as usize);
-    if mid_end <= start || !block_aligned {
-        // All in one unaligned page (or, never with pinned blocks, an
-        // unaligned block): buffered.
-        read_exact_at(buffered, &mut block[skew..skew + len], at)?;
-        return Ok(skew);
+    if !parts.is_empty() {
+        workers.read_parts(direct, &mut parts)?;
     }
-    let mid = (mid_end - start) as usize;
-    workers.read(direct, start, &mut block[..mid])?;
-    read_exact_at(buffered, &mut block[mid..skew + len], mid_end)?;
-    Ok(skew)
+    for (at, buf) in tails {
+        read_exact_at(buffered, buf, at)?;
+    }
+    Ok(())
 }

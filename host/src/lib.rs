@@ -103,9 +103,9 @@ pub use pipeline::{
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{
-    FileIo, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES,
-    DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN,
-    MAX_STAGING_THREADS,
+    cached_share, FileIo, FilePiece, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS,
+    DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS,
+    DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES, MAX_STAGING_THREADS, PROBE_SAMPLES,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

@@ -47,7 +47,9 @@
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
-pub use crate::direct_io::{FileIo, DIRECT_IO_ALIGN};
+pub use crate::direct_io::{
+    cached_share, FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES, PROBE_SAMPLES,
+};
 use crate::error::{byte_size, Error, Result};
 use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
@@ -423,9 +425,9 @@ impl Staging {
 
     /// Reads `dst.len()` values from `file`, starting at byte `at`, into
     /// `dst`: parallel `pread`s by the workers into the pinned ring, each
-    /// block's DMA overlapping the reads of the next. The file is read
-    /// through the page cache (a file in the cache arrives at the link's
-    /// speed; a cold one at the disk's).
+    /// block's DMA overlapping the reads of the next. A range in the page
+    /// cache is read buffered (it arrives at the link's speed), a cold one
+    /// with `O_DIRECT` in large requests (at the disk's): [`FileIo::Auto`].
     ///
     /// # Errors
     /// [`Error::Io`]: the system's error (a directory, a file opened for
@@ -446,7 +448,8 @@ impl Staging {
     }
 
     /// Reads `range.len()` values from `file`, starting at byte `at`, into
-    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: buffered; see
+    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: `O_DIRECT` when
+    /// the range is cold, buffered when it is in the page cache; see
     /// [`StagedCopy::file_io`] for the way taken). Reading a large file in
     /// ranges lets the caller report progress between them.
     ///
@@ -465,11 +468,98 @@ impl Staging {
         range: std::ops::Range<usize>,
         io: FileIo,
     ) -> StagedCopy<'a> {
-        let len = range.end.saturating_sub(range.start);
-        let mut copy = self.start(dst, range.start, len, Dir::FileIn { file, at });
-        copy.fail_unless(ordered(&range));
-        if matches!(copy.state, State::Running) && len > 0 {
-            match crate::direct_io::choose(file, io, self.engine.config.block_bytes) {
+        self.read_file_pieces(file, vec![FilePiece { at, dst, range }], io)
+    }
+
+    /// Reads several pieces of `file` into ranges of device buffers in one
+    /// stream through the ring: the blocks flow from one piece into the
+    /// next (a block may carry the end of one piece and the start of the
+    /// next where they follow each other in the file), so the ring stays
+    /// full across pieces and only the last block's DMA is waited for at
+    /// the end. Loading many tensors of one file this way costs one
+    /// transfer instead of one per tensor. `io` as for
+    /// [`Staging::read_file_with`], decided once for all the pieces.
+    ///
+    /// # Errors
+    /// Every piece is checked before any byte is read: `OutOfBounds` for a
+    /// range outside its buffer (or the wrong way round), `InvalidArgument`
+    /// for a buffer of another device or a file range past `u64::MAX`. As
+    /// [`Staging::read_file_with`] otherwise (a file that ends before the
+    /// last piece is full is `UnexpectedEof`; the buffers then hold
+    /// unspecified data).
+    ///
+    /// # Cancel safety
+    /// As [`Staging::read_file`].
+    pub fn read_file_pieces<'a, T: Pod>(
+        &'a self,
+        file: &'a std::fs::File,
+        pieces: Vec<FilePiece<'a, T>>,
+        io: FileIo,
+    ) -> StagedCopy<'a> {
+        let elem = std::mem::size_of::<T>();
+        let mut check = Ok(());
+        let mut segs: Vec<Seg<'a>> = Vec::with_capacity(pieces.len());
+        let mut total = 0usize;
+        for FilePiece { at, dst, range } in pieces {
+            let dst: &'a DeviceBuffer<T> = dst;
+            let len = range.end.saturating_sub(range.start);
+            let (device, addr, in_flight) = dst.staging_parts();
+            let ok = ordered(&range)
+                .and_then(|()| self.check_range(dst, range.start, len))
+                .and_then(|()| self.same_device(device))
+                .and_then(|()| {
+                    at.checked_add((len * elem) as u64)
+                        .map(|_| ())
+                        .ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "a file piece of {} bytes at offset {at} ends past u64::MAX",
+                                len * elem
+                            ))
+                        })
+                });
+            if let Err(e) = ok {
+                if check.is_ok() {
+                    check = Err(e);
+                }
+                continue;
+            }
+            let bytes = len * elem;
+            if bytes == 0 {
+                continue;
+            }
+            segs.push(Seg {
+                file_at: at,
+                dev: addr + (range.start * elem) as u64,
+                len: bytes,
+                start: total,
+                run_end: 0,
+                in_flight,
+            });
+            total = total.saturating_add(bytes);
+        }
+        // Runs: pieces that follow each other in the file.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for i in (0..segs.len()).rev() {
+            let joins = segs
+                .get(i + 1)
+                .is_some_and(|n| segs[i].file_at + segs[i].len as u64 == n.file_at);
+            segs[i].run_end = if joins {
+                segs[i + 1].run_end
+            } else {
+                segs[i].start + segs[i].len
+            };
+        }
+        for (i, g) in segs.iter().enumerate() {
+            if i == 0 || segs[i - 1].run_end != g.run_end {
+                runs.push((g.file_at, (g.run_end - g.start) as u64));
+            }
+        }
+        let dev = segs.first().map_or(0, |g| g.dev);
+        let mut copy = StagedCopy::new(&self.engine, Dir::FileIn { file }, dev, total, None);
+        copy.fail_unless(check);
+        copy.segs = segs;
+        if matches!(copy.state, State::Running) && total > 0 {
+            match crate::direct_io::choose(file, io, self.engine.config.block_bytes, &runs) {
                 Ok(direct) => {
                     copy.file_io = Some(if direct.is_some() {
                         FileIo::Direct
@@ -489,6 +579,42 @@ impl Staging {
             }
         }
         copy
+    }
+
+    /// The way a read of `len` bytes of `file` from `at` would take now
+    /// with `io` ([`FileIo::Direct`] or [`FileIo::Buffered`]): what
+    /// [`FileIo::Auto`] chooses for it (the page-cache probe, the file
+    /// system's acceptance of `O_DIRECT`). Nothing is read.
+    ///
+    /// # Errors
+    /// As [`Staging::read_file_with`] refuses `io` for the file.
+    pub fn file_io_for(
+        &self,
+        file: &std::fs::File,
+        at: u64,
+        len: u64,
+        io: FileIo,
+    ) -> Result<FileIo> {
+        let direct =
+            crate::direct_io::choose(file, io, self.engine.config.block_bytes, &[(at, len)])?;
+        Ok(if direct.is_some() {
+            FileIo::Direct
+        } else {
+            FileIo::Buffered
+        })
+    }
+
+    /// [`Staging::read_file_pieces`] for synchronous code.
+    ///
+    /// # Errors
+    /// As [`Staging::read_file_pieces`].
+    pub fn read_file_pieces_blocking<T: Pod>(
+        &self,
+        file: &std::fs::File,
+        pieces: Vec<FilePiece<'_, T>>,
+        io: FileIo,
+    ) -> Result<()> {
+        crate::block::block_on(self.read_file_pieces(file, pieces, io))
     }
 
     /// Writes the values of `src` to `file` from byte `at` (parallel
@@ -620,7 +746,13 @@ impl Staging {
         // The offset only when the range is inside the buffer (else it
         // may overflow; the copy is refused anyway).
         let offset = if range.is_ok() { (at * elem) as u64 } else { 0 };
-        let mut copy = StagedCopy::new(&self.engine, dir, addr + offset, len * elem, in_flight);
+        let mut copy = StagedCopy::new(
+            &self.engine,
+            dir,
+            addr + offset,
+            len * elem,
+            Some(in_flight),
+        );
         copy.fail_unless(range.and_then(|()| self.same_device(device)));
         copy
     }
@@ -673,10 +805,9 @@ fn ordered(range: &std::ops::Range<usize>) -> Result<()> {
 enum Dir {
     H2d(*const u8),
     D2h(*mut u8),
-    /// From a file (borrowed), from offset `at`.
+    /// From a file (borrowed); the pieces are the copy's `segs`.
     FileIn {
         file: *const std::fs::File,
-        at: u64,
     },
     /// To a file (borrowed), from offset `at`.
     FileOut {
@@ -690,6 +821,42 @@ impl Dir {
     fn is_upload(self) -> bool {
         matches!(self, Dir::H2d(_) | Dir::FileIn { .. })
     }
+}
+
+/// One piece of a file read ([`Staging::read_file_pieces`]), of at least
+/// one byte: `len` bytes of the file from `file_at` to device address
+/// `dev`.
+struct Seg<'a> {
+    file_at: u64,
+    dev: u64,
+    len: usize,
+    /// Offset of its first byte in the copy.
+    start: usize,
+    /// Where the run of pieces holding it (following each other in the
+    /// file) ends, as an offset in the copy: a block never crosses it.
+    run_end: usize,
+    /// Its buffer's record of staged DMAs.
+    in_flight: &'a InFlight,
+}
+
+/// One piece of a file read by [`Staging::read_file_pieces`]: the file's
+/// bytes from offset `at` into `dst[range]` (elements).
+pub struct FilePiece<'a, T: Pod> {
+    /// Offset in the file of the piece's first byte.
+    pub at: u64,
+    /// The buffer the piece lands in (borrowed exclusively for the read).
+    pub dst: &'a mut DeviceBuffer<T>,
+    /// The elements of `dst` it fills.
+    pub range: std::ops::Range<usize>,
+}
+
+/// The next block of a file read: `len` bytes of the copy from offset
+/// `off` (file offset `file_at`), landing at `skew` in the block.
+#[derive(Clone, Copy)]
+struct BlockPlan {
+    file_at: u64,
+    skew: usize,
+    len: usize,
 }
 
 /// A block lent to a copy, with the completion of its DMA.
@@ -717,7 +884,13 @@ pub struct StagedCopy<'a> {
     /// Next offset to fill and send (H2D) or to fetch (D2H).
     next: usize,
     ring: VecDeque<Slot>,
-    in_flight: &'a InFlight,
+    /// The device buffer's record of staged DMAs (file reads: each
+    /// piece's, in `segs`).
+    in_flight: Option<&'a InFlight>,
+    /// A file read's pieces (none empty), in the order they are read.
+    segs: Vec<Seg<'a>>,
+    /// Blocks taken for the next fill of a file read (no DMA on them).
+    filling: Vec<PooledBuffer<u8>>,
     state: State,
     /// A file read: the way chosen ([`FileIo::Buffered`] or
     /// [`FileIo::Direct`]).
@@ -749,7 +922,7 @@ impl<'a> StagedCopy<'a> {
         dir: Dir,
         dev: u64,
         total: usize,
-        in_flight: &'a InFlight,
+        in_flight: Option<&'a InFlight>,
     ) -> Self {
         StagedCopy {
             engine: engine.clone(),
@@ -759,6 +932,8 @@ impl<'a> StagedCopy<'a> {
             next: 0,
             ring: VecDeque::new(),
             in_flight,
+            segs: Vec::new(),
+            filling: Vec::new(),
             state: State::Running,
             file_io: None,
             direct: None,
@@ -782,29 +957,78 @@ impl<'a> StagedCopy<'a> {
 
     /// The whole read by cuFile, synchronously.
     fn read_by_gds(&mut self) -> Result<()> {
-        let (Some(gds), Dir::FileIn { at, .. }) = (&self.gds, self.dir) else {
+        let (Some(gds), Dir::FileIn { .. }) = (&self.gds, self.dir) else {
             return Err(Error::Internal(
                 "a GPUDirect Storage read without a handle".into(),
             ));
         };
         crate::cuda::bind(&self.engine.device)?;
-        // SAFETY: the device range was checked against the buffer, borrowed
-        // exclusively for the copy (its earlier staged DMAs were settled
-        // when the copy started); the engine's context is current.
-        unsafe { gds.read(at, self.dev, self.total) }
+        for seg in &self.segs {
+            // SAFETY: each piece's device range was checked against its
+            // buffer, borrowed exclusively for the copy (its earlier staged
+            // DMAs were settled when the copy started); the engine's context
+            // is current.
+            unsafe { gds.read(seg.file_at, seg.dev, seg.len)? };
+        }
+        Ok(())
     }
 
-    /// Bytes of the next block: a whole block, less, for a direct read, the
-    /// skew of its file offset from the alignment (the block holds the
-    /// aligned range around it).
-    fn piece_len(&self) -> usize {
-        let skew = match (self.dir, &self.direct) {
-            (Dir::FileIn { at, .. }, Some(_)) => {
-                ((at + self.next as u64) % DIRECT_IO_ALIGN) as usize
+    /// The index of the file read's piece holding copy offset `off`.
+    fn seg_at(&self, off: usize) -> usize {
+        self.segs.partition_point(|g| g.start + g.len <= off)
+    }
+
+    /// The block of a file read starting at copy offset `off`: up to a
+    /// whole block, never past the end of the run of pieces (so its bytes
+    /// follow each other in the file); for a direct read, the block holds
+    /// the aligned range around them: its bytes start at the skew of their
+    /// file offset and end at an aligned offset (or the run's end).
+    fn plan_block(&self, off: usize) -> BlockPlan {
+        let seg = &self.segs[self.seg_at(off)];
+        let file_at = seg.file_at + (off - seg.start) as u64;
+        let left = seg.run_end - off;
+        let block_bytes = self.engine.config.block_bytes;
+        if self.direct.is_some() {
+            let align = DIRECT_IO_ALIGN as usize;
+            let skew = (file_at % DIRECT_IO_ALIGN) as usize;
+            let cap = block_bytes - block_bytes % align;
+            BlockPlan {
+                file_at,
+                skew,
+                len: left.min(cap - skew),
             }
-            _ => 0,
+        } else {
+            BlockPlan {
+                file_at,
+                skew: 0,
+                len: left.min(block_bytes),
+            }
+        }
+    }
+
+    /// The blocks the next fill of a file read covers: one for a buffered
+    /// read; for a direct one, half the ring (at least one), read in one
+    /// job of large requests while the DMAs of the other half run.
+    fn plan_fill(&self) -> Vec<BlockPlan> {
+        let most = if self.direct.is_some() {
+            (self.engine.config.blocks / 2).max(1)
+        } else {
+            1
         };
-        (self.total - self.next).min(self.engine.config.block_bytes - skew)
+        let mut plans = Vec::with_capacity(most);
+        let mut off = self.next;
+        while plans.len() < most && off < self.total {
+            let p = self.plan_block(off);
+            off += p.len;
+            plans.push(p);
+        }
+        plans
+    }
+
+    /// Bytes of the next block of a copy of host memory: a whole block or
+    /// the rest.
+    fn piece_len(&self) -> usize {
+        (self.total - self.next).min(self.engine.config.block_bytes)
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -866,10 +1090,8 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    /// Fills the block with the source's `len` bytes from offset `off`
-    /// (toward the device: the user's slice, or the file); returns where
-    /// in the block they start (0 but for a direct read, whose block holds
-    /// the aligned range around them).
+    /// Fills the block with the user's slice's `len` bytes from offset
+    /// `off`; returns where in the block they start (0).
     fn fill(&self, off: usize, block: &mut [u8], len: usize) -> Result<usize> {
         match self.dir {
             Dir::H2d(src) => {
@@ -879,28 +1101,39 @@ impl<'a> StagedCopy<'a> {
                 self.engine.workers.copy(piece, &mut block[..len])?;
                 Ok(0)
             }
-            Dir::FileIn { file, at } => {
-                // SAFETY: the file is borrowed for the future's life.
-                let file = unsafe { &*file };
-                let at = at + off as u64;
-                match &self.direct {
-                    Some(direct) => crate::direct_io::read_block(
-                        &self.engine.workers,
-                        direct,
-                        file,
-                        at,
-                        block,
-                        len,
-                    ),
-                    None => {
-                        self.engine.workers.read(file, at, &mut block[..len])?;
-                        Ok(0)
-                    }
-                }
-            }
-            Dir::D2h(_) | Dir::FileOut { .. } => Err(Error::Internal(
-                "fill of a copy away from the device".into(),
+            Dir::D2h(_) | Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
+                "fill of a copy other than from host memory".into(),
             )),
+        }
+    }
+
+    /// Fills `blocks` from the file as `plans` say (one plan each).
+    fn fill_file(&self, blocks: &mut [PooledBuffer<u8>], plans: &[BlockPlan]) -> Result<()> {
+        let Dir::FileIn { file } = self.dir else {
+            return Err(Error::Internal("fill_file of a copy from memory".into()));
+        };
+        // SAFETY: the file is borrowed for the future's life.
+        let file = unsafe { &*file };
+        match &self.direct {
+            Some(direct) => {
+                let mut reads: Vec<crate::direct_io::DirectBlock<'_>> = blocks
+                    .iter_mut()
+                    .zip(plans)
+                    .map(|(b, p)| crate::direct_io::DirectBlock {
+                        at: p.file_at,
+                        block: b.as_mut_slice(),
+                        len: p.len,
+                    })
+                    .collect();
+                crate::direct_io::read_blocks(&self.engine.workers, direct, file, &mut reads)
+            }
+            None => {
+                for (b, p) in blocks.iter_mut().zip(plans) {
+                    let dst = &mut b.as_mut_slice()[p.skew..p.skew + p.len];
+                    self.engine.workers.read(file, p.file_at, dst)?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -942,7 +1175,7 @@ impl<'a> StagedCopy<'a> {
                     };
                 }
             }
-            if self.ring.len() < self.engine.config.blocks {
+            if self.ring.len() + self.filling.len() < self.engine.config.blocks {
                 let cx_if_idle = if self.ring.is_empty() {
                     Some(&mut *cx)
                 } else {
@@ -974,6 +1207,9 @@ impl<'a> StagedCopy<'a> {
             &self.engine.d2h
         };
         let raw = stream.raw();
+        if let Dir::FileIn { .. } = self.dir {
+            return self.issue_file(block, skew, len);
+        }
         // SAFETY: the block is pinned memory of the engine, held in `ring`
         // (or deferred to the ring) until the completion recorded after the
         // DMA fires; `skew + len` lies within it (`fill` returned `skew` for
@@ -993,7 +1229,9 @@ impl<'a> StagedCopy<'a> {
         }
         match raw.record(false) {
             Ok(ev) => {
-                self.in_flight.push(ev.completion.clone());
+                if let Some(f) = self.in_flight {
+                    f.push(ev.completion.clone());
+                }
                 self.ring.push_back(Slot {
                     block,
                     done: ev.completion,
@@ -1007,6 +1245,120 @@ impl<'a> StagedCopy<'a> {
                 // The DMA's end can't be observed: never reuse the block.
                 std::mem::forget(block);
                 Err(e)
+            }
+        }
+    }
+
+    /// Sends `block` (filled from the file) for the bytes at `self.next`:
+    /// one DMA per piece they cover, then one completion for all, noted on
+    /// each piece's buffer.
+    fn issue_file(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
+        let off = self.next;
+        let raw = self.engine.h2d.raw();
+        let mut touched = Vec::new();
+        let mut issued = Ok(());
+        let (mut i, mut pos) = (self.seg_at(off), off);
+        while pos < off + len {
+            let seg = &self.segs[i];
+            let n = (seg.start + seg.len).min(off + len) - pos;
+            // SAFETY: the block is pinned memory of the engine, held in
+            // `ring` (or deferred to the ring) until the completion recorded
+            // after these DMAs fires; `skew + len` lies within it (the fill
+            // put the plan's `len` bytes at `skew`); the device range lies in
+            // the piece's borrowed buffer (checked when the read was made),
+            // whose `in_flight` record keeps its next use and its free behind
+            // the completion.
+            issued = unsafe {
+                raw.copy_h2d(
+                    seg.dev + (pos - seg.start) as u64,
+                    block.ptr().add(skew + pos - off),
+                    n,
+                )
+            };
+            if issued.is_err() {
+                break;
+            }
+            touched.push(i);
+            pos += n;
+            i += 1;
+        }
+        if touched.is_empty() {
+            self.engine.give_back(block);
+            return issued;
+        }
+        match raw.record(false) {
+            Ok(ev) => {
+                for &i in &touched {
+                    self.segs[i].in_flight.push(ev.completion.clone());
+                }
+                self.ring.push_back(Slot {
+                    block,
+                    done: ev.completion,
+                    off,
+                    len,
+                });
+                self.next += len;
+                issued
+            }
+            Err(e) => {
+                // The DMAs' end can't be observed: never reuse the block.
+                std::mem::forget(block);
+                Err(e)
+            }
+        }
+    }
+
+    /// A file read: fills the next blocks (one, or half the ring for a
+    /// direct read) and sends each.
+    fn poll_file_in(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        loop {
+            if self.next >= self.total {
+                return self.poll_last(cx);
+            }
+            let plans = self.plan_fill();
+            // The blocks: ours once their DMA is done, or the engine's;
+            // with one at least in hand, never a wait for the engine (two
+            // copies each holding some would wait for each other).
+            while self.filling.len() < plans.len() {
+                match self.next_block(cx) {
+                    Ok(Some(b)) => self.filling.push(b),
+                    Ok(None) if self.filling.is_empty() || !self.ring.is_empty() => {
+                        return Poll::Pending
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+            let mut blocks = std::mem::take(&mut self.filling);
+            let plans = &plans[..blocks.len()];
+            if let Err(e) = self.fill_file(&mut blocks, plans) {
+                blocks.into_iter().for_each(|b| self.engine.give_back(b));
+                return Poll::Ready(Err(e));
+            }
+            let mut blocks = blocks.into_iter();
+            for p in plans {
+                let Some(b) = blocks.next() else { break };
+                if let Err(e) = self.issue(b, p.skew, p.len) {
+                    blocks.for_each(|b| self.engine.give_back(b));
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+    }
+
+    /// All sent toward the device: waits for the last DMA (the stream is
+    /// in order, so its completion covers every DMA).
+    fn poll_last(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let Some(last) = self.ring.back() else {
+            return Poll::Ready(Ok(()));
+        };
+        match last.done.poll_done(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                while let Some(slot) = self.ring.pop_front() {
+                    self.engine.give_back_when_done(slot);
+                }
+                Poll::Ready(r)
             }
         }
     }
@@ -1031,20 +1383,7 @@ impl<'a> StagedCopy<'a> {
                     return Poll::Ready(Err(e));
                 }
             } else {
-                // All sent: the stream is in order, so the last completion
-                // covers every DMA.
-                let Some(last) = self.ring.back() else {
-                    return Poll::Ready(Ok(()));
-                };
-                return match last.done.poll_done(cx) {
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(r) => {
-                        while let Some(slot) = self.ring.pop_front() {
-                            self.engine.give_back_when_done(slot);
-                        }
-                        Poll::Ready(r)
-                    }
-                };
+                return self.poll_last(cx);
             }
         }
     }
@@ -1121,7 +1460,9 @@ impl Future for StagedCopy<'_> {
         } else if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
             Poll::Ready(this.direct())
         } else {
-            if this.dir.is_upload() {
+            if let Dir::FileIn { .. } = this.dir {
+                this.poll_file_in(cx)
+            } else if this.dir.is_upload() {
                 this.poll_h2d(cx)
             } else {
                 this.poll_d2h(cx)
@@ -1140,6 +1481,10 @@ impl Drop for StagedCopy<'_> {
         // buffer (which records them): the blocks go back when each is done.
         while let Some(slot) = self.ring.pop_front() {
             self.engine.give_back_when_done(slot);
+        }
+        // Blocks taken for a fill that never ran: no DMA on them.
+        for b in std::mem::take(&mut self.filling) {
+            self.engine.give_back(b);
         }
     }
 }

@@ -46,6 +46,15 @@ const MIN_PIECE: usize = 64 << 10;
 /// some, few enough that claiming costs nothing next to the copy.
 const PIECES_EACH: usize = 4;
 
+/// The smallest piece of an `O_DIRECT` read ([`What::ReadParts`]): each
+/// is one request to the disk, and a disk (NVMe, virtio) reads a few large
+/// requests in flight at its full rate where many small ones cost it
+/// per-request time.
+pub(crate) const DIRECT_PIECE_MIN: usize = 4 << 20;
+
+/// The largest piece of an `O_DIRECT` read.
+pub(crate) const DIRECT_PIECE_MAX: usize = 16 << 20;
+
 /// One block's work: `len` bytes in `parts` pieces of `piece` bytes (the
 /// last shorter), each a copy, a read from a file or a write to one; `seq`
 /// tags its claims.
@@ -61,11 +70,15 @@ struct Job {
 impl Job {
     /// `len` bytes of `what`, cut for `participants` threads.
     fn new(what: What, len: usize, participants: usize, seq: u64) -> Job {
-        let piece = len
-            .div_ceil(participants * PIECES_EACH)
-            .max(MIN_PIECE)
-            .next_multiple_of(PIECE_ALIGN)
-            .max(len.div_ceil(MAX_PARTS));
+        let piece = match what {
+            // One request per participant, of 4-16 MiB each.
+            What::ReadParts { .. } => len
+                .div_ceil(participants)
+                .clamp(DIRECT_PIECE_MIN, DIRECT_PIECE_MAX),
+            _ => len.div_ceil(participants * PIECES_EACH).max(MIN_PIECE),
+        }
+        .next_multiple_of(PIECE_ALIGN)
+        .max(len.div_ceil(MAX_PARTS));
         Job {
             what,
             len,
@@ -84,6 +97,15 @@ enum What {
     /// Reads the file (the address of a borrowed `File`) from offset `at`
     /// into `dst` (`pread`).
     Read { file: usize, at: u64, dst: usize },
+    /// Reads the file (as for `Read`) into several destinations: the
+    /// job's bytes are the concatenation of `count` [`ReadPart`]s (at
+    /// address `parts`); a piece reads the parts of them its byte range
+    /// covers.
+    ReadParts {
+        file: usize,
+        parts: usize,
+        count: usize,
+    },
     /// Writes `src` to the file (as for `Read`) at offset `at` (`pwrite`).
     Write { file: usize, at: u64, src: usize },
     /// Gathers rows into `dst`: destination row `r` is the `row_bytes`
@@ -203,6 +225,35 @@ impl CopyWorkers {
         // SAFETY: `dst` is borrowed exclusively for the call; the file
         // (and so its descriptor) for the call too.
         unsafe { self.run(what, dst.len()) }
+    }
+
+    /// Fills each destination of `parts` from `file` at its offset, in
+    /// parallel `pread`s of 4-16 MiB ([`DIRECT_PIECE_MIN`]) taken in order
+    /// over all of them (one request in flight per participant): the
+    /// `O_DIRECT` reads of several blocks at once. For `O_DIRECT`, every
+    /// part's offset, address and length are multiples of 4 KiB; pieces are
+    /// too, so every `pread` is aligned.
+    ///
+    /// # Errors
+    /// As [`CopyWorkers::read`].
+    pub(crate) fn read_parts(
+        &self,
+        file: &std::fs::File,
+        parts: &mut [ReadPart<'_>],
+    ) -> Result<()> {
+        let len = parts.iter().map(|p| p.dst.len()).sum();
+        let raw: Vec<(u64, usize, usize)> = parts
+            .iter_mut()
+            .map(|p| (p.at, p.dst.as_mut_ptr() as usize, p.dst.len()))
+            .collect();
+        let what = What::ReadParts {
+            file: file as *const std::fs::File as usize,
+            parts: raw.as_ptr() as usize,
+            count: raw.len(),
+        };
+        // SAFETY: every destination is borrowed exclusively (through
+        // `parts`) for the call, `raw` and the file too.
+        unsafe { self.run(what, len) }
     }
 
     /// Writes `src` to `file` at offset `at`, in parallel `pwrite`s.
@@ -374,6 +425,19 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
                 };
                 read_exact_at(file, buf, at + start as u64)
             }
+            What::ReadParts { file, parts, count } => {
+                // SAFETY: the caller of `read_parts` holds the parts (raw
+                // `(at, dst, len)` triples), their destinations (exclusively)
+                // and the file borrowed until every piece is done; pieces are
+                // disjoint ranges of the concatenated destinations.
+                let (parts, file) = unsafe {
+                    (
+                        std::slice::from_raw_parts(parts as *const (u64, usize, usize), count),
+                        &*(file as *const std::fs::File),
+                    )
+                };
+                read_parts_range(parts, file, start, end)
+            }
             What::Write { file, at, src } => {
                 // SAFETY: as for a copy, the source borrowed for reads; the
                 // file borrowed by the caller.
@@ -399,6 +463,40 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
         Ok(r) => r,
         Err(p) => Err(Error::WorkerPanicked(panic_text(&*p))),
     }
+}
+
+/// One destination of [`CopyWorkers::read_parts`]: `dst.len()` bytes of the
+/// file from offset `at`.
+pub(crate) struct ReadPart<'a> {
+    pub(crate) at: u64,
+    pub(crate) dst: &'a mut [u8],
+}
+
+/// Reads bytes `start..end` of the concatenated destinations of `parts`
+/// (`(file offset, address, length)` each).
+fn read_parts_range(
+    parts: &[(u64, usize, usize)],
+    file: &std::fs::File,
+    start: usize,
+    end: usize,
+) -> Result<()> {
+    let mut base = 0;
+    for &(at, dst, len) in parts {
+        let (lo, hi) = (start.max(base), end.min(base + len));
+        if lo < hi {
+            // SAFETY: `lo - base..hi - base` lies in this part's destination,
+            // borrowed exclusively by the caller of `read_parts` until every
+            // piece is done; pieces are disjoint.
+            let buf =
+                unsafe { std::slice::from_raw_parts_mut((dst + lo - base) as *mut u8, hi - lo) };
+            read_exact_at(file, buf, at + (lo - base) as u64)?;
+        }
+        base += len;
+        if base >= end {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Copies bytes `start..end` of a gather's destination (see

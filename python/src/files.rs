@@ -1,14 +1,14 @@
 //! Files to the device and back: `load` / `save` (`.npy`), `load_safetensors`
 //! / `save_safetensors` and `read_file` (raw bytes), through the staging
 //! engine's ring (parallel `pread`s by native threads into pinned blocks,
-//! each block's DMA overlapping the next reads; buffered unless
-//! `direct=True` asks for `O_DIRECT`). The GIL is released while the
+//! each block's DMA overlapping the next reads; `O_DIRECT` for a cold
+//! range and buffered for a cached one unless `direct=` says). The GIL is released while the
 //! file is read or written: only the file and device memory of ours are
 //! touched. With `progress=`, a file is read or written in ranges of
 //! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
 //! them; an exception it raises stops the transfer and propagates.
 
-use crate::device::{device_or_default, Device, DeviceArray};
+use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
 use crate::IntoPy;
 use pyo3::exceptions::PyValueError;
@@ -161,9 +161,10 @@ fn finish_atomically(
 /// `read_file(path, dtype, shape=None, offset=0, device=None, direct=None,
 /// progress=None)`: the raw bytes of `path` from `offset`, as a new
 /// `DeviceArray` of `dtype` and `shape` (default: as many elements as the
-/// rest of the file holds). `direct`: `None` or `False` reads buffered
-/// (the faster, cold or warm, on the H200 machine), `True` with `O_DIRECT`
-/// (`OSError` where the file system refuses): no page cache filled.
+/// rest of the file holds). `direct`: `None` reads with `O_DIRECT` a range
+/// that is cold (not in the page cache: see `file_read_mode`) and buffered
+/// one that is cached, `False` buffered, `True` with `O_DIRECT` (`OSError`
+/// where the file system refuses): no page cache filled.
 /// `progress(done_bytes, total_bytes)` is called every 64 MiB.
 ///
 /// Raises `OSError` (missing file, a directory, permission denied;
@@ -340,8 +341,10 @@ pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
 /// `load_safetensors(path, device=None, direct=None, progress=None)`: every
 /// tensor of a safetensors file as a dict of name → `DeviceArray`
 /// (`{k: torch.from_dlpack(v) for k, v in d.items()}` gives torch tensors
-/// without a copy). `direct` as for `read_file`; `progress(done_bytes,
-/// total_bytes)` after each tensor (and every 64 MiB of a large one).
+/// without a copy). Every tensor's memory is allocated first and the data
+/// read in one stream through the ring (the blocks flow from one tensor
+/// into the next). `direct` as for `read_file`; `progress(done_bytes,
+/// total_bytes)` every 64 MiB of the data (and at its end).
 ///
 /// Raises `ValueError` for a corrupt header (bad length, bad JSON, offsets
 /// outside the file or not matching the shape), an unknown dtype;
@@ -427,18 +430,119 @@ pub fn load_safetensors<'py>(
         }
         plan.push((name, shape, dtype, data_start + begin, nbytes as u64));
     }
-    let total = plan.iter().map(|p| p.4).sum();
+    let total: u64 = plan.iter().map(|p| p.4).sum();
     let mut progress = Progress::new(progress, total)?;
-    let out = PyDict::new(py);
-    for (name, shape, dtype, at, nbytes) in plan {
-        let array = DeviceArray::alloc(py, &device, shape, dtype)?;
-        fill_from_file(py, &array, &path, at, io, &mut progress)?;
-        if nbytes == 0 {
-            progress.advance(0)?;
+    // Every tensor's memory first, then the whole data region in one stream
+    // through the ring (per 64 MiB with a progress callback).
+    let mut arrays = Vec::with_capacity(plan.len());
+    for (_, shape, dtype, _, _) in &plan {
+        arrays.push(DeviceArray::alloc(py, &device, shape.clone(), *dtype)?);
+    }
+    let staging = crate::staging::engine_for(py, &device)?;
+    let mut bufs = Vec::with_capacity(arrays.len());
+    for a in &arrays {
+        match a.state.take("the device array", |_| Ok(()))? {
+            DevMem::Own(b) => bufs.push(b),
+            DevMem::Foreign { .. } => {
+                return Err(crate::buffer_error("a fresh allocation that is not ours"))
+            }
         }
+    }
+    let offsets: Vec<u64> = plan.iter().map(|p| p.3).collect();
+    let read = read_pieces(py, &staging, &file, &offsets, &mut bufs, io, &mut progress);
+    for (a, b) in arrays.iter().zip(bufs) {
+        a.state.set(State::Ready(DevMem::Own(b)));
+    }
+    read?;
+    let out = PyDict::new(py);
+    for ((name, ..), array) in plan.into_iter().zip(arrays) {
         out.set_item(name, Py::new(py, array)?)?;
     }
     Ok(out)
+}
+
+/// Reads each buffer whole from `file` at its offset, in one stream through
+/// the ring ([`host::Staging::read_file_pieces`]); with a progress callback,
+/// in ranges of [`PROGRESS_STEP`] bytes of all of them, the callback called
+/// after each (once, with no bytes, when there are none).
+fn read_pieces(
+    py: Python<'_>,
+    staging: &host::Staging,
+    file: &File,
+    offsets: &[u64],
+    bufs: &mut [host::DeviceBuffer<u8>],
+    io: host::FileIo,
+    progress: &mut Progress<'_>,
+) -> PyResult<()> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let step = progress.step(total);
+    let mut pos = 0;
+    loop {
+        let end = total.min(pos + step);
+        // The parts of the buffers in `pos..end` of their concatenation.
+        let mut pieces = Vec::new();
+        let mut base = 0;
+        for (b, &at) in bufs.iter_mut().zip(offsets) {
+            let len = b.len();
+            let (lo, hi) = (pos.max(base), end.min(base + len));
+            if lo < hi {
+                pieces.push(host::FilePiece {
+                    at: at + (lo - base) as u64,
+                    dst: b,
+                    range: lo - base..hi - base,
+                });
+            }
+            base += len;
+        }
+        py.detach(|| staging.read_file_pieces_blocking(file, pieces, io))
+            .py()?;
+        progress.advance(end - pos)?;
+        pos = end;
+        if pos >= total {
+            return Ok(());
+        }
+    }
+}
+
+/// `file_read_mode(path, offset=0, nbytes=None, direct=None, device=None)`:
+/// how a read of `nbytes` bytes of `path` from `offset` (default: the rest
+/// of the file) would go now, `"direct"` (`O_DIRECT`) or `"buffered"`, with
+/// `direct` as `read_file` takes it: for `None`, `O_DIRECT` when the range
+/// is at least 4 MiB, at most one in eight of 32 pages sampled over it is
+/// in the page cache, and the file system takes `O_DIRECT`. Nothing is
+/// read (the page cache is looked at with `mincore`).
+///
+/// Raises `OSError` as `read_file` (and for `direct=True` where the file
+/// system refuses `O_DIRECT`).
+#[pyfunction]
+#[pyo3(signature = (path, offset=0, nbytes=None, direct=None, device=None))]
+pub fn file_read_mode(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    offset: u64,
+    nbytes: Option<u64>,
+    direct: Option<bool>,
+    device: Option<&Device>,
+) -> PyResult<&'static str> {
+    let path = path.to_string_lossy().into_owned();
+    let file = File::open(&path).map_err(|e| open_error(&path, e))?;
+    let len = match nbytes {
+        Some(n) => n,
+        None => file
+            .metadata()
+            .map_err(|e| open_error(&path, e))?
+            .len()
+            .saturating_sub(offset),
+    };
+    let device = device_or_default(py, device)?;
+    let staging = crate::staging::engine_for(py, &device)?;
+    let way = py
+        .detach(|| staging.file_io_for(&file, offset, len, file_io(direct)))
+        .py()?;
+    Ok(match way {
+        host::FileIo::Direct => "direct",
+        _ => "buffered",
+    })
 }
 
 /// The safetensors dtype name of a device dtype.

@@ -248,6 +248,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::load_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(files::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(files::gds_status, m)?)?;
+    m.add_function(wrap_pyfunction!(files::file_read_mode, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_host, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_device_async, m)?)?;
     m.add_function(wrap_pyfunction!(staging::to_host_async, m)?)?;

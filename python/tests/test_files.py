@@ -105,6 +105,144 @@ def test_safetensors_every_tensor_arrives(device, tmp_path):
         assert np.array_equal(host_copy(got[k]).view(np.uint8), t.view(np.uint8)), k
 
 
+def write_safetensors_scattered(path, tensors, order):
+    """A safetensors file whose data lies in `order` (indices into the
+    tensors), not in the header's order, with a gap of 3 bytes between
+    tensors: the reads follow each other in neither."""
+    names = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int64"): "I64",
+             np.dtype("uint8"): "U8", np.dtype("int32"): "I32", np.dtype("float16"): "F16"}
+    items = list(tensors.items())
+    header, data, pos = {}, bytearray(), 0
+    for i in order:
+        name, t = items[i]
+        b = np.ascontiguousarray(t).tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [pos, pos + len(b)]}
+        data += b + b"\x5a" * 3
+        pos += len(b) + 3
+    header = {k: header[k] for k, _ in items}  # the header in the tensors' order
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(data))
+
+
+def evict(path):
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("direct", [None, True, False])
+@pytest.mark.parametrize("layout", ["in order", "scattered"])
+def test_safetensors_stream_every_tensor_in_one_read_with_progress(device, tmp_path, direct, layout):
+    rng = np.random.default_rng(33)
+    # 70 MiB in all: the progress ranges (64 MiB) cut a tensor; sizes of no
+    # block multiple, an empty tensor between two others.
+    tensors = {
+        "a": rng.standard_normal(1_000_003).astype(np.float32),
+        "empty": np.zeros((0, 7), dtype=np.int32),
+        "b": rng.integers(0, 255, size=(8_000_009,), dtype=np.uint8),
+        "c": rng.standard_normal((7_000_001,)).astype(np.float64),
+        "d": rng.integers(-2**40, 2**40, size=3, dtype=np.int64),
+        "e": rng.standard_normal(99_999).astype(np.float16),
+    }
+    path = tmp_path / "m.safetensors"
+    if layout == "in order":
+        write_safetensors(path, tensors)
+    else:
+        write_safetensors_scattered(path, tensors, [3, 0, 5, 2, 1, 4])
+    total = sum(t.nbytes for t in tensors.values())
+    for progress in [None, True]:
+        evict(path)  # cold: the automatic choice reads direct where it can
+        calls = []
+        try:
+            got = gpufeed.load_safetensors(
+                path, device, direct=direct,
+                progress=(lambda done, tot: calls.append((done, tot))) if progress else None)
+        except OSError as e:
+            if direct and "O_DIRECT read refused" in str(e):
+                pytest.skip(f"this file system refuses O_DIRECT: {e}")
+            raise
+        assert list(got) == list(tensors)
+        for k, t in tensors.items():
+            assert got[k].shape == t.shape and got[k].dtype == t.dtype.name, k
+            assert np.array_equal(host_copy(got[k]).view(np.uint8), t.view(np.uint8)), k
+        if progress:
+            assert calls == [(64 << 20, total), (total, total)], calls
+
+    def stop(done, tot):
+        raise Stop(done)
+
+    with pytest.raises(Stop):
+        gpufeed.load_safetensors(path, device, direct=direct, progress=stop)
+
+
+def test_empty_safetensors_report_progress_once(device, tmp_path):
+    path = tmp_path / "e.safetensors"
+    write_safetensors(path, {"z": np.zeros((0,), dtype=np.float32)})
+    calls = []
+    got = gpufeed.load_safetensors(path, device, progress=lambda d, t: calls.append((d, t)))
+    assert got["z"].shape == (0,) and calls == [(0, 0)]
+
+
+def resident_share(path):
+    """The share of the file's pages in the page cache (mincore over a
+    mapping: the test's own count)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        pages = (size + 4095) // 4096
+        vec = ctypes.create_string_buffer(pages)
+        assert libc.mincore(addr, size, vec) == 0
+        libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw) / pages
+
+
+def takes_o_direct(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
+def test_the_automatic_read_mode_follows_the_page_cache(device, tmp_path):
+    rng = np.random.default_rng(12)
+    a = rng.integers(0, 2**32, size=(9 << 20) // 4 + 5, dtype=np.uint32)
+    path = tmp_path / "a.npy"
+    np.save(path, a)
+    assert np.array_equal(np.load(path), a)  # read: cached
+    assert resident_share(path) > 0.9
+    assert gpufeed.file_read_mode(path, device=device) == "buffered"
+    assert np.array_equal(host_copy(gpufeed.load(path, device)), a)
+    evict(path)
+    cold = resident_share(path) < 0.05  # tmpfs keeps its pages: they are the file
+    expect = "direct" if cold and takes_o_direct(path) else "buffered"
+    assert gpufeed.file_read_mode(path, device=device) == expect
+    assert gpufeed.file_read_mode(path, offset=128, nbytes=1 << 20, device=device) == "buffered"  # small
+    assert gpufeed.file_read_mode(path, direct=False, device=device) == "buffered"
+    assert np.array_equal(host_copy(gpufeed.load(path, device)), a)
+    if expect == "direct":
+        assert resident_share(path) < 0.05, "the automatic read of a cold file filled the page cache"
+        assert gpufeed.file_read_mode(path, direct=True, device=device) == "direct"
+
+
 def test_bad_files_are_typed_errors(device, tmp_path):
     a = np.arange(100_000, dtype=np.float32)
     good = tmp_path / "good.npy"
