@@ -109,7 +109,9 @@ fi
 save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run.tgz" run; }
 if [ "$mode" = measure ] && [ "${LOADER:-0}" = 1 ]; then
   L="$R/loader"; mkdir -p "$L"
-  note "loader: the benchmark, the training demonstration"
+  note "loader: host loader, the Python benchmark, the training demonstration"
+  timeout 150 .gpu/bin/host --out-dir "$L" loader > "$L/host-loader.log" 2>&1 || { fail=1; note "HOST LOADER FAILED"; }
+  grep -vE "^wrote" "$L/host-loader.log" | tee -a "$R/logs/summary.log"
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 200 python3 bench/peers/loader.py --out "$L/python-loader.json" ${LOADER_ARGS:-} > "$L/python-loader.log" 2>&1 || { fail=1; note "LOADER BENCHMARK FAILED"; }
   python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["checks"]))' "$L/python-loader.json" 2>&1 | tee -a "$R/logs/summary.log"
   save

@@ -151,7 +151,7 @@ def main():
             cpus.append(m.cpu / (nbytes / 1e9))
             epoch += 1
         del it
-        return row(label, runs, statistics.median(cpus), ok, **extra)
+        return row(label, runs, statistics.median(cpus), ok, gather=ld.gather, **extra)
 
     out["prepare_s"] = time.perf_counter() - t0
     print(f"{out['gpu']}: {a.array_bytes >> 20} MiB array, {a.row_bytes} B rows, "

@@ -137,10 +137,39 @@ pub unsafe fn saxpy(a: f32, x: *const f32, y: *mut f32, n: usize, gid: usize, st
     }
 }
 
-/// Sixteen bytes aligned to 16: one `ld.global.v4.u32` / `st.global.v4.u32`.
+/// Sixteen bytes aligned to 16, copied with one vector load and store on
+/// the GPU ([`kernel_abi::copy16`]).
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
 struct Bytes16([u32; 4]);
+
+/// A unit of a gather: copied one at a time.
+trait Unit: Copy {
+    /// # Safety
+    /// `src` readable and `dst` writable for one unit, both aligned for it.
+    unsafe fn copy(dst: *mut Self, src: *const Self);
+}
+
+impl Unit for Bytes16 {
+    #[inline(always)]
+    unsafe fn copy(dst: *mut Self, src: *const Self) {
+        // SAFETY: the trait's contract: 16 bytes each way, aligned to 16.
+        unsafe { kernel_abi::copy16(dst.cast(), src.cast()) }
+    }
+}
+
+macro_rules! plain_unit {
+    ($($t:ty),*) => { $(
+        impl Unit for $t {
+            #[inline(always)]
+            unsafe fn copy(dst: *mut Self, src: *const Self) {
+                // SAFETY: the trait's contract.
+                unsafe { dst.write(src.read()) }
+            }
+        }
+    )* };
+}
+plain_unit!(u32, u8);
 
 /// Copies `width`-byte units (1, 4 or 16, `T` of that size and alignment)
 /// of a gather, this thread's share: destination unit `i` is unit `i %
@@ -152,7 +181,7 @@ struct Bytes16([u32; 4]);
 /// `row_bytes` a multiple of its size.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn gather_units<T: Copy>(
+unsafe fn gather_units<T: Unit>(
     src: *const u8,
     src_rows: usize,
     idx: *const u64,
@@ -174,7 +203,7 @@ unsafe fn gather_units<T: Copy>(
         if row < src_rows {
             // SAFETY: row < src_rows and k < per_row: the unit lies inside
             // `src`; `i < total` units of `dst`; each `i` has one thread.
-            unsafe { dst.add(i).write(src.add(row * per_row + k).read()) };
+            unsafe { T::copy(dst.add(i), src.add(row * per_row + k)) };
         }
         i += stride;
     }
@@ -205,7 +234,11 @@ pub unsafe fn gather_rows(
         return;
     }
     let src_rows = src_len / row_bytes;
-    let aligned = |a: usize| row_bytes % a == 0 && src as usize % a == 0 && dst as usize % a == 0;
+    let aligned = |a: usize| {
+        row_bytes.is_multiple_of(a)
+            && (src as usize).is_multiple_of(a)
+            && (dst as usize).is_multiple_of(a)
+    };
     // SAFETY: forwarded from the caller; each width is chosen only when the
     // rows and both buffers are aligned to it.
     unsafe {

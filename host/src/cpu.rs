@@ -361,6 +361,16 @@ impl Backend for CpuBackend {
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
         self.shared.usable()?;
+        // As CUDA: memory registered (or pinned) already can't be again.
+        let span = (ptr as usize, ptr as usize + bytes);
+        if lock(&LOCKED).keys().any(|&(s, e)| s < span.1 && span.0 < e) {
+            return Err(Error::Driver {
+                call: "register_host (cpu)",
+                code: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (the range overlaps host memory \
+                       registered or pinned already)"
+                    .into(),
+            });
+        }
         self.lock_range(ptr, bytes)
     }
 

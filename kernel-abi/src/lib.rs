@@ -78,6 +78,41 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// Copies 16 bytes from `src` to `dst`: one vector load and one vector
+/// store on the GPU (`ld.v4.u32` / `st.v4.u32`, generic addresses, so
+/// `src` may be host memory the device reads through a mapping), a plain
+/// copy on the host (the CPU emulation).
+///
+/// # Safety
+/// `src` is readable and `dst` writable for 16 bytes, both 16-byte
+/// aligned, the two not overlapping.
+#[inline(always)]
+pub unsafe fn copy16(dst: *mut u8, src: *const u8) {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        // SAFETY: the caller's contract: both addresses valid and aligned
+        // for a 16-byte access; the registers are scratch.
+        unsafe {
+            core::arch::asm!(
+                "ld.v4.u32 {{{a}, {b}, {c}, {d}}}, [{s}];",
+                "st.v4.u32 [{t}], {{{a}, {b}, {c}, {d}}};",
+                s = in(reg64) src,
+                t = in(reg64) dst,
+                a = out(reg32) _,
+                b = out(reg32) _,
+                c = out(reg32) _,
+                d = out(reg32) _,
+                options(nostack),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::ptr::copy_nonoverlapping(src, dst, 16)
+    }
+}
+
 /// A kernel declared with [`kernels!`], as the host sees it.
 ///
 /// # Safety
