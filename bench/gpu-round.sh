@@ -157,8 +157,10 @@ if [ "$mode" = staging ] || { [ "$mode" = measure ] && [ "${STAGING:-1}" = 1 ]; 
   PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_staging.py > "$S/python-staging-tests.log" 2>&1 || { fail=1; note "PYTHON STAGING TESTS FAILED"; }
   tail -2 "$S/python-staging-tests.log" | tee -a "$R/logs/summary.log"
   fi
+  if [ "${HOST_STAGING:-1}" = 1 ]; then  # HOST_STAGING=0: the Python peer alone
   timeout 400 .gpu/bin/host --out-dir "$S" staging ${STAGING_ARGS:-} > "$S/staging.log" 2>&1 || { fail=1; note "HOST STAGING FAILED"; }
   grep -vE "^wrote" "$S/staging.log" | tee -a "$R/logs/summary.log"
+  fi
   # PASSIVE: PyTorch's OpenMP threads (the checks' CPU comparisons) sleep
   # at once after their work instead of spinning on the cores the copies use.
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
