@@ -8,20 +8,19 @@
 //! 4 KiB from the block's start), the unaligned tail (under 4 KiB) with a
 //! buffered `pread`, and the DMA starts at the skew of the first byte.
 //!
-//! [`FileIo::Auto`] reads `O_DIRECT` when the range is cold: at most one
-//! in eight of [`PROBE_SAMPLES`] pages sampled evenly over it in the page
-//! cache (`mincore` on a mapping of the range: nothing is read, nothing
-//! enters the cache), the range at least [`DIRECT_IO_MIN_BYTES`] and the
-//! file system accepting `O_DIRECT`; buffered otherwise (a cached file is
-//! served from memory far faster than any disk reads it; tmpfs pages
-//! are always resident). Cold reads go in large requests: the workers
-//! fill half the ring's blocks in one job, each participant one aligned
-//! `pread` of 4-16 MiB ([`crate::workers::DIRECT_PIECE_MIN`]), so several
-//! large requests are in flight while the DMAs of the blocks filled before
-//! run. Buffered cold reads reached 0.87x the disk's own 16 MiB `O_DIRECT`
-//! rate on the H200 machine (the kernel's read-ahead in 128 KiB requests);
-//! the ring's earlier `O_DIRECT` reads, one block at a time in 160 KiB
-//! pieces, measured 0.81-2.28 GB/s.
+//! [`FileIo::Auto`] reads buffered. On the H200 machine (2026-12-02,
+//! 4 GiB and 1 GiB files, `host files` and `bench/peers/files.py`) cold
+//! `O_DIRECT` reads in large requests were no faster than buffered ones
+//! (1.52 against 1.52 GB/s, and 1.54 against 1.67), while a file read
+//! `O_DIRECT` stays out of the page cache: read again, it comes from the
+//! disk again (the files peer's "warm" `read_file` fell to 1.79 GB/s when
+//! the automatic choice took `O_DIRECT` for a file evicted before it).
+//! `O_DIRECT` is there for who asks ([`FileIo::Direct`]): a read that must
+//! not fill the page cache. [`cached_share`] tells how much of a range is
+//! cached (`mincore`: nothing is read). Direct reads go in large requests:
+//! the workers fill half the ring's blocks in one job, each participant
+//! one aligned `pread` of 4-16 MiB ([`crate::workers::DIRECT_PIECE_MIN`]),
+//! while the DMAs of the blocks filled before run.
 
 use crate::error::{Error, Result};
 use crate::workers::{read_exact_at, CopyWorkers, ReadPart};
@@ -32,11 +31,8 @@ use std::os::unix::io::AsRawFd;
 /// How a file is read into the ring ([`crate::Staging::read_file_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FileIo {
-    /// `O_DIRECT` for a cold range, buffered for one in the page cache:
-    /// direct when the range is at least [`DIRECT_IO_MIN_BYTES`], at most
-    /// one in eight of the pages sampled over it is cached, and the file
-    /// system accepts `O_DIRECT`; buffered otherwise (never an error). The
-    /// way taken: [`crate::StagedCopy::file_io`], or
+    /// Buffered (see the module's notes for why, measured). The way
+    /// taken: [`crate::StagedCopy::file_io`], or
     /// [`crate::Staging::file_io_for`] before a read.
     #[default]
     Auto,
@@ -55,30 +51,18 @@ pub enum FileIo {
 /// (the largest logical block size in common use).
 pub const DIRECT_IO_ALIGN: u64 = 4096;
 
-/// Under [`FileIo::Auto`], reads of fewer bytes than this are buffered.
-pub const DIRECT_IO_MIN_BYTES: u64 = 4 << 20;
-
-/// Pages [`FileIo::Auto`] samples to tell whether a range is cached.
+/// Pages [`cached_share`] samples to tell whether a range is cached.
 pub const PROBE_SAMPLES: usize = 32;
 
-/// Under [`FileIo::Auto`], a range with more than this share of its sampled
-/// pages in the page cache is read buffered.
-const CACHED_SHARE: f64 = 1.0 / 8.0;
-
-/// The `O_DIRECT` descriptor for a read of `file`'s `ranges` (`(offset,
-/// length)` pairs) the way `io` asks, or `None` for a buffered read.
+/// The `O_DIRECT` descriptor for a read of `file` the way `io` asks, or
+/// `None` for a buffered read.
 ///
 /// # Errors
 /// For [`FileIo::Direct`] only: `Io` of kind `Unsupported` when the file
 /// can't be reopened with `O_DIRECT` (the file system refuses it: tmpfs
 /// before Linux 6.6, some FUSE and network file systems; no `/proc`), or
 /// the descriptor is write-only; `InvalidArgument` for blocks under 8 KiB.
-pub(crate) fn choose(
-    file: &File,
-    io: FileIo,
-    block_bytes: usize,
-    ranges: &[(u64, u64)],
-) -> Result<Option<File>> {
+pub(crate) fn choose(file: &File, io: FileIo, block_bytes: usize) -> Result<Option<File>> {
     let refuse = |why: String| -> Result<Option<File>> {
         Err(std::io::Error::new(
             std::io::ErrorKind::Unsupported,
@@ -87,16 +71,7 @@ pub(crate) fn choose(
         .into())
     };
     match io {
-        FileIo::Buffered => return Ok(None),
-        FileIo::Auto => {
-            let bytes: u64 = ranges.iter().map(|r| r.1).sum();
-            if bytes < DIRECT_IO_MIN_BYTES
-                || (block_bytes as u64) < 2 * DIRECT_IO_ALIGN
-                || cached_share(file, ranges).is_none_or(|share| share > CACHED_SHARE)
-            {
-                return Ok(None);
-            }
-        }
+        FileIo::Buffered | FileIo::Auto => return Ok(None),
         FileIo::Direct => {
             if (block_bytes as u64) < 2 * DIRECT_IO_ALIGN {
                 return Err(Error::InvalidArgument(format!(
@@ -108,8 +83,7 @@ pub(crate) fn choose(
     }
     match reopen_direct(file) {
         Ok(f) => Ok(Some(f)),
-        Err(why) if io == FileIo::Direct => refuse(why),
-        Err(_) => Ok(None),
+        Err(why) => refuse(why),
     }
 }
 

@@ -105,7 +105,7 @@ pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLO
 pub use staging::{
     cached_share, FileIo, FilePiece, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS,
     DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS,
-    DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES, MAX_STAGING_THREADS, PROBE_SAMPLES,
+    DIRECT_IO_ALIGN, MAX_STAGING_THREADS, PROBE_SAMPLES,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;

@@ -47,9 +47,7 @@
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
-pub use crate::direct_io::{
-    cached_share, FileIo, DIRECT_IO_ALIGN, DIRECT_IO_MIN_BYTES, PROBE_SAMPLES,
-};
+pub use crate::direct_io::{cached_share, FileIo, DIRECT_IO_ALIGN, PROBE_SAMPLES};
 use crate::error::{byte_size, Error, Result};
 use crate::memory::{DeviceBuffer, InFlight};
 use crate::pool::{PinnedPool, PoolStats, PooledBuffer};
@@ -538,7 +536,6 @@ impl Staging {
             total = total.saturating_add(bytes);
         }
         // Runs: pieces that follow each other in the file.
-        let mut runs: Vec<(u64, u64)> = Vec::new();
         for i in (0..segs.len()).rev() {
             let joins = segs
                 .get(i + 1)
@@ -549,17 +546,12 @@ impl Staging {
                 segs[i].start + segs[i].len
             };
         }
-        for (i, g) in segs.iter().enumerate() {
-            if i == 0 || segs[i - 1].run_end != g.run_end {
-                runs.push((g.file_at, (g.run_end - g.start) as u64));
-            }
-        }
         let dev = segs.first().map_or(0, |g| g.dev);
         let mut copy = StagedCopy::new(&self.engine, Dir::FileIn { file }, dev, total, None);
         copy.fail_unless(check);
         copy.segs = segs;
         if matches!(copy.state, State::Running) && total > 0 {
-            match crate::direct_io::choose(file, io, self.engine.config.block_bytes, &runs) {
+            match crate::direct_io::choose(file, io, self.engine.config.block_bytes) {
                 Ok(direct) => {
                     copy.file_io = Some(if direct.is_some() {
                         FileIo::Direct
@@ -582,9 +574,8 @@ impl Staging {
     }
 
     /// The way a read of `len` bytes of `file` from `at` would take now
-    /// with `io` ([`FileIo::Direct`] or [`FileIo::Buffered`]): what
-    /// [`FileIo::Auto`] chooses for it (the page-cache probe, the file
-    /// system's acceptance of `O_DIRECT`). Nothing is read.
+    /// with `io` ([`FileIo::Direct`] or [`FileIo::Buffered`]; `Auto` is
+    /// buffered). Nothing is read.
     ///
     /// # Errors
     /// As [`Staging::read_file_with`] refuses `io` for the file.
@@ -595,8 +586,8 @@ impl Staging {
         len: u64,
         io: FileIo,
     ) -> Result<FileIo> {
-        let direct =
-            crate::direct_io::choose(file, io, self.engine.config.block_bytes, &[(at, len)])?;
+        let _ = (at, len); // the way depends on `io` and the file alone
+        let direct = crate::direct_io::choose(file, io, self.engine.config.block_bytes)?;
         Ok(if direct.is_some() {
             FileIo::Direct
         } else {

@@ -345,14 +345,15 @@ fn a_truncated_file_and_bad_pieces_are_typed_errors(device: host::Device) {
     assert!(read(&mut a) == bytes[3..1003] && read(&mut b) == bytes[7..1007]);
 }
 
-host::backend_tests!(auto_reads_a_cold_range_direct_and_a_cached_one_buffered);
-fn auto_reads_a_cold_range_direct_and_a_cached_one_buffered(device: host::Device) {
+host::backend_tests!(auto_reads_buffered_so_a_cold_file_is_cached_after_and_direct_only_when_asked);
+fn auto_reads_buffered_so_a_cold_file_is_cached_after_and_direct_only_when_asked(
+    device: host::Device,
+) {
     let mut rng = fastrand::Rng::with_seed(0xc01d);
     for base in [std::env::current_dir().unwrap(), std::env::temp_dir()] {
         let dir = Dir::new(&base, "auto", &device);
         let path = dir.0.join("data.bin");
-        // 9 MiB + 13: above DIRECT_IO_MIN_BYTES from any of the offsets
-        // read; the header makes the first byte unaligned.
+        // 9 MiB + 13: the header makes the first byte unaligned.
         let bytes = random_bytes((9 << 20) + 13, &mut rng);
         std::fs::write(&path, &bytes).unwrap();
         let file = std::fs::File::open(&path).unwrap();
@@ -383,40 +384,39 @@ fn auto_reads_a_cold_range_direct_and_a_cached_one_buffered(device: host::Device
         let (way, got) = read_pieces(&staging, &file, &sizes, &wants, FileIo::Auto).unwrap();
         check(&got, &want, "auto, cached");
         assert_eq!(way, Some(FileIo::Buffered), "a cached file");
-        // Evicted: cold where the file system lets pages go (tmpfs keeps
-        // them: its pages are the file), direct where it takes O_DIRECT.
+        // Evicted (where the file system lets pages go: tmpfs keeps them,
+        // its pages are the file): still buffered, and the read leaves the
+        // file cached for the next one.
         evict(&file);
         let cold = resident_share(&file) < 0.05;
         let probe = host::cached_share(&file, &[(13, n as u64)]).unwrap();
         assert_eq!(probe < 0.125, cold, "the probe finds {probe} cached");
-        let expect = if cold && direct_ok {
-            FileIo::Direct
-        } else {
-            FileIo::Buffered
-        };
-        eprintln!(
-            "{}: evicted {cold}, O_DIRECT accepted {direct_ok}: auto reads {expect:?}",
-            dir.0.display()
-        );
         let planned = staging
             .file_io_for(&file, 13, n as u64, FileIo::Auto)
             .unwrap();
-        assert_eq!(planned, expect, "an evicted file");
+        assert_eq!(planned, FileIo::Buffered, "an evicted file");
         let (way, got) = read_pieces(&staging, &file, &sizes, &wants, FileIo::Auto).unwrap();
         check(&got, &want, "auto, evicted");
-        assert_eq!(way, Some(expect), "an evicted file");
-        if expect == FileIo::Direct {
-            // Read around the page cache: it is still (nearly) empty.
-            let after = resident_share(&file);
-            assert!(
-                after < 0.05,
-                "a direct read left {after} of the file cached"
-            );
-            // A range under DIRECT_IO_MIN_BYTES is read buffered, cold.
-            let small = staging
-                .file_io_for(&file, 13, (1 << 20) as u64, FileIo::Auto)
-                .unwrap();
-            assert_eq!(small, FileIo::Buffered);
+        assert_eq!(way, Some(FileIo::Buffered), "an evicted file");
+        let after = resident_share(&file);
+        assert!(
+            after > 0.9,
+            "an automatic read left {after} of the file cached"
+        );
+        // Asked for, O_DIRECT reads around the page cache: it stays empty.
+        if direct_ok {
+            evict(&file);
+            let cold = resident_share(&file) < 0.05;
+            let (way, got) = read_pieces(&staging, &file, &sizes, &wants, FileIo::Direct).unwrap();
+            check(&got, &want, "direct, evicted");
+            assert_eq!(way, Some(FileIo::Direct));
+            if cold {
+                let after = resident_share(&file);
+                assert!(
+                    after < 0.05,
+                    "a direct read left {after} of the file cached"
+                );
+            }
         }
         // Buffered and Direct stay what they say, cold or not.
         assert_eq!(

@@ -542,20 +542,16 @@ fn direct_and_buffered_reads_give_the_same_bytes_at_any_offset(device: host::Dev
                     Err(e) => panic!("direct read at {at} len {len}: {e:?}"),
                 }
             }
-            // Auto: buffered cached, the way the probe says evicted (direct
-            // where the pages went and the file system takes O_DIRECT:
-            // tests/file_pieces.rs checks that choice).
+            // Auto: buffered, cached or evicted (tests/file_pieces.rs checks
+            // that the read leaves an evicted file cached).
             assert_eq!(std::fs::read(&path).unwrap(), bytes);
             let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
             assert_eq!(first_diff(&got, &words), None);
             assert_eq!(way, Some(FileIo::Buffered), "a cached file read direct");
             evict(&file);
-            let planned = staging
-                .file_io_for(&file, 4093, 4 * n as u64, FileIo::Auto)
-                .unwrap();
             let (way, got) = read_words(&staging, &file, 4093, n, FileIo::Auto).unwrap();
             assert_eq!(first_diff(&got, &words), None);
-            assert_eq!(way, Some(planned), "an evicted file");
+            assert_eq!(way, Some(FileIo::Buffered), "an evicted file");
         }
         // A file that ends inside the aligned middle, read direct: the
         // error of a truncated file.

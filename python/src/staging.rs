@@ -113,6 +113,7 @@ pub fn to_device(
     array.with_own("to_device()", |buf| {
         in_ranges(
             src.len(),
+            first_range(&staging),
             |r| {
                 let at = r.start;
                 py.detach(|| host::block_on(staging.h2d_at(&src[r], buf, at)))
@@ -125,31 +126,43 @@ pub fn to_device(
     Ok(array)
 }
 
-/// The first range of a copy done in ranges (see [`in_ranges`]).
-const FIRST_RANGE: usize = 64 << 20;
+/// The first range of a copy done in ranges (see [`in_ranges`]), by
+/// backend: about 20 ms at the H200's link speed (so a copy of up to 1 GiB
+/// is one range: no refill of the ring between two), and about as long on
+/// the CPU emulation's few GB/s. Later ranges follow the measured rate.
+fn first_range(staging: &host::Staging) -> usize {
+    match staging.device().kind() {
+        host::BackendKind::Cuda => 1 << 30,
+        _ => 64 << 20,
+    }
+}
+
+/// The smallest range after the first.
+const MIN_RANGE: usize = 64 << 20;
 
 /// A copy of `len` bytes as consecutive ranges, `copy(range)` running each
 /// to its end, `between()` after each but the last (its error stops the
 /// copy there). Each range after the first is sized to take about
 /// [`SIGNAL_CHECK`] at the rate of the one before (at least
-/// [`FIRST_RANGE`]): Python's signal handlers (Ctrl-C) run, or a dropped
+/// [`MIN_RANGE`]): Python's signal handlers (Ctrl-C) run, or a dropped
 /// transfer is seen, within about that, at the cost of one refill of the
 /// staging ring per range (some 2 GiB a range at the H200's link speed).
 /// One staged copy alone can't be stopped between polls: it may make
 /// progress without ever waiting.
 fn in_ranges<E>(
     len: usize,
+    first: usize,
     mut copy: impl FnMut(std::ops::Range<usize>) -> Result<(), E>,
     mut between: impl FnMut() -> Result<(), E>,
 ) -> Result<(), E> {
-    let (mut pos, mut step) = (0, FIRST_RANGE);
+    let (mut pos, mut step) = (0, first);
     while pos < len {
         let end = len.min(pos.saturating_add(step));
         let started = std::time::Instant::now();
         copy(pos..end)?;
         let took = started.elapsed().as_secs_f64().max(1e-6);
         let rate = (end - pos) as f64 / took;
-        step = ((rate * SIGNAL_CHECK.as_secs_f64()) as usize).max(FIRST_RANGE);
+        step = ((rate * SIGNAL_CHECK.as_secs_f64()) as usize).max(MIN_RANGE);
         pos = end;
         if pos < len {
             between()?;
@@ -183,6 +196,7 @@ pub fn to_host<'py>(
     a.with_own_read("to_host()", |buf| {
         in_ranges(
             dst.len(),
+            first_range(&staging),
             |r| {
                 let at = r.start;
                 py.detach(|| host::block_on(staging.d2h_at(buf, at, &mut dst[r])))
@@ -433,6 +447,7 @@ fn run_copy(
         let src = unsafe { std::slice::from_raw_parts(range.ptr, range.len) };
         in_ranges(
             src.len(),
+            first_range(&staging),
             |r| {
                 let at = r.start;
                 host::block_on(staging.h2d_at(&src[r], buf, at))
@@ -444,6 +459,7 @@ fn run_copy(
         let dst = unsafe { std::slice::from_raw_parts_mut(range.ptr, range.len) };
         in_ranges(
             dst.len(),
+            first_range(&staging),
             |r| {
                 let at = r.start;
                 host::block_on(staging.d2h_at(buf, at, &mut dst[r]))

@@ -164,9 +164,20 @@ def _big(seed):
     return np.random.default_rng(seed).integers(0, 2**32, size=BIG, dtype=np.uint32)
 
 
+def _long_copy_elems(device):
+    """uint32 elements whose copy takes well over 50 ms: 256 MiB on the CPU
+    emulation, 8 GiB on a GPU (some 150 ms at 55 GB/s)."""
+    return (2 << 30) if device.kind == "cuda" else (64 << 20)
+
+
+def _cheap(n, seed):
+    """n distinct-ish words, made fast (8 GiB of random numbers would take long)."""
+    return np.arange(n, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(seed)
+
+
 @pytest.mark.parametrize("direction", ["to_device", "to_host"])
 def test_another_python_thread_runs_while_a_large_copy_is_in_progress(device, direction):
-    a = _big(21)
+    a = _cheap(_long_copy_elems(device), 21)
     d = gpufeed.to_device(a, device)
     out = np.empty_like(a)
     out.view(np.uint8)[...] = 0xA5
@@ -200,7 +211,8 @@ def test_another_python_thread_runs_while_a_large_copy_is_in_progress(device, di
 
 
 def test_ctrl_c_interrupts_a_large_to_host_and_lets_go_of_its_buffers(device):
-    n = 128 << 20  # 512 MiB: the copy takes several of the 50 ms slices
+    # Several of the 50 ms ranges: 512 MiB on the CPU emulation, 8 GiB on a GPU.
+    n = (2 << 30) if device.kind == "cuda" else (128 << 20)
     d = gpufeed.to_device(np.arange(n, dtype=np.uint32), device)
     out = np.zeros(n, np.uint32)
     t0 = time.perf_counter()
