@@ -447,7 +447,7 @@ fn run_copy(
         let src = unsafe { std::slice::from_raw_parts(range.ptr, range.len) };
         in_ranges(
             src.len(),
-            first_range(&staging),
+            first_range(staging),
             |r| {
                 let at = r.start;
                 host::block_on(staging.h2d_at(&src[r], buf, at))
@@ -459,7 +459,7 @@ fn run_copy(
         let dst = unsafe { std::slice::from_raw_parts_mut(range.ptr, range.len) };
         in_ranges(
             dst.len(),
-            first_range(&staging),
+            first_range(staging),
             |r| {
                 let at = r.start;
                 host::block_on(staging.d2h_at(buf, at, &mut dst[r]))
