@@ -172,7 +172,10 @@ def _long_copy_elems(device):
 
 def _cheap(n, seed):
     """n distinct-ish words, made fast (8 GiB of random numbers would take long)."""
-    return np.arange(n, dtype=np.uint32) * np.uint32(2654435761) + np.uint32(seed)
+    a = np.arange(n, dtype=np.uint32)
+    a *= np.uint32(2654435761)
+    a += np.uint32(seed)
+    return a
 
 
 @pytest.mark.parametrize("direction", ["to_device", "to_host"])
@@ -264,7 +267,9 @@ def test_awaiting_to_device_async_and_to_host_async_returns_every_element(device
 
 
 def test_two_awaited_transfers_overlap_with_each_other_and_other_coroutines(device):
-    a, b = _big(31), _big(32)
+    # Copies long enough to sample (256 MiB take ~5 ms on a GPU).
+    n = _long_copy_elems(device)
+    a, b = _cheap(n, 31), _cheap(n, 32)
     db = gpufeed.to_device(b, device)
     out = np.empty_like(b)
     out.view(np.uint8)[...] = 0xA5
