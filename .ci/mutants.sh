@@ -48,6 +48,11 @@ checks() {
     echo "cargo test -q -p host --test loader -- --exact a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe::cpu"
     echo "$demo loader --small"
     ;;
+  loader-device-gather-wrong-row)
+    echo "cargo test -q -p host --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
+    echo "cargo test -q -p host --test loader -- --exact a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place::cpu"
+    echo "$demo loader --small"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"
