@@ -450,13 +450,18 @@ struct InFlightBatch<T: Pod> {
 /// [`futures::Stream`] over one epoch at a time. See the module's notes.
 ///
 /// # Cancel safety
-/// Rows are read only inside a call (`poll_next`, [`Loader::fill_ahead`]),
-/// which returns once they are in the loader's pinned blocks: dropping a
-/// `next()` future, the loader, or starting another epoch leaves no thread
-/// reading the source, and never blocks. DMAs still running read only the
-/// loader's blocks (reused or released once they are done) and write only
-/// the fresh device buffers of batches not yet handed out (freed once they
-/// are done). A batch handed out is the caller's, untouched by the loader.
+/// Gathered on the host ([`Gather::Host`]), rows are read only inside a
+/// call (`poll_next`, [`Loader::fill_ahead`]), which returns once they are
+/// in the loader's pinned blocks: dropping a `next()` future, the loader,
+/// or starting another epoch leaves no thread reading the source, and never
+/// blocks. DMAs still running read only the loader's blocks (reused or
+/// released once they are done) and write only the fresh device buffers of
+/// batches not yet handed out (freed once they are done). Gathered on the
+/// device ([`Gather::Device`]), kernels read the source where it is after
+/// the call returns: the loader holds the source (its registration guard)
+/// and dropping it waits for its last gather (at most `prefetch` batches')
+/// before letting go; a leaked loader leaks the guard. A batch handed out
+/// is the caller's, untouched by the loader.
 ///
 /// ```no_run
 /// # async fn demo() -> host::Result<()> {
@@ -996,12 +1001,11 @@ impl<'a, T: Pod> Loader<'a, T> {
 /// end (until the next `start_epoch`).
 ///
 /// # Cancel safety
-/// Polling gathers rows on the polling thread and the workers and returns
-/// when they are in pinned memory: no thread reads the source between
-/// polls, so dropping a `next()` future, or the loader, leaves nothing
-/// reading it. DMAs in flight read only the loader's pinned blocks (kept
-/// until they are done) and write only the batches' fresh device buffers
-/// (whose frees wait for them). Dropping never blocks.
+/// As the loader's (see [`Loader`]): gathered on the host, polling gathers
+/// rows on the polling thread and the workers and returns when they are in
+/// pinned memory, so no thread reads the source between polls, and
+/// dropping never blocks; gathered on the device, the loader's own drop
+/// waits for its last gather. Dropping a `next()` future loses nothing.
 impl<T: Pod> futures::Stream for Loader<'_, T> {
     type Item = Result<Batch<T>>;
 
