@@ -16,10 +16,9 @@ eviction checked once by timing a plain read of 256 MiB right after it),
 --cold-reps runs. The disk's own rate in the same run: dd iflag=direct
 bs=16M of the same file (before the cold reads and at the end: the ratio
 uses their mean). gpufeed's cold reads run with the automatic choice
-(direct=None: O_DIRECT for a cold range, buffered for a cached one); the
-mode it chose (gpufeed.file_read_mode right after the eviction) is in the
-row's "mode"; gpufeed.read_file also runs cold with direct=False and
-direct=True for comparison.
+(direct=None: buffered); the mode it took (gpufeed.file_read_mode right
+after the eviction) is in the row's "mode"; gpufeed.read_file also runs
+cold with direct=False and direct=True for comparison.
 
 Timing: wall time of the call plus torch.cuda.synchronize(); medians.
 Every result checked against the data on the GPU (torch.equal over the raw

@@ -446,8 +446,7 @@ impl Staging {
     }
 
     /// Reads `range.len()` values from `file`, starting at byte `at`, into
-    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: `O_DIRECT` when
-    /// the range is cold, buffered when it is in the page cache; see
+    /// `dst[range]`, the way `io` says ([`FileIo::Auto`]: buffered; see
     /// [`StagedCopy::file_io`] for the way taken). Reading a large file in
     /// ranges lets the caller report progress between them.
     ///

@@ -161,10 +161,9 @@ fn finish_atomically(
 /// `read_file(path, dtype, shape=None, offset=0, device=None, direct=None,
 /// progress=None)`: the raw bytes of `path` from `offset`, as a new
 /// `DeviceArray` of `dtype` and `shape` (default: as many elements as the
-/// rest of the file holds). `direct`: `None` reads with `O_DIRECT` a range
-/// that is cold (not in the page cache: see `file_read_mode`) and buffered
-/// one that is cached, `False` buffered, `True` with `O_DIRECT` (`OSError`
-/// where the file system refuses): no page cache filled.
+/// rest of the file holds). `direct`: `None` or `False` buffered, `True`
+/// with `O_DIRECT` (`OSError` where the file system refuses): no page
+/// cache filled.
 /// `progress(done_bytes, total_bytes)` is called every 64 MiB.
 ///
 /// Raises `OSError` (missing file, a directory, permission denied;
@@ -507,10 +506,7 @@ fn read_pieces(
 /// `file_read_mode(path, offset=0, nbytes=None, direct=None, device=None)`:
 /// how a read of `nbytes` bytes of `path` from `offset` (default: the rest
 /// of the file) would go now, `"direct"` (`O_DIRECT`) or `"buffered"`, with
-/// `direct` as `read_file` takes it: for `None`, `O_DIRECT` when the range
-/// is at least 4 MiB, at most one in eight of 32 pages sampled over it is
-/// in the page cache, and the file system takes `O_DIRECT`. Nothing is
-/// read (the page cache is looked at with `mincore`).
+/// `direct` as `read_file` takes it (`None`: buffered). Nothing is read.
 ///
 /// Raises `OSError` as `read_file` (and for `direct=True` where the file
 /// system refuses `O_DIRECT`).
