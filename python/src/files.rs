@@ -1,8 +1,8 @@
 //! Files to the device and back: `load` / `save` (`.npy`), `load_safetensors`
 //! / `save_safetensors` and `read_file` (raw bytes), through the staging
 //! engine's ring (parallel `pread`s by native threads into pinned blocks,
-//! each block's DMA overlapping the next reads; `O_DIRECT` for a cold
-//! range and buffered for a cached one unless `direct=` says). The GIL is released while the
+//! each block's DMA overlapping the next reads; buffered, or `O_DIRECT`
+//! with `direct=True`). The GIL is released while the
 //! file is read or written: only the file and device memory of ours are
 //! touched. With `progress=`, a file is read or written in ranges of
 //! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
