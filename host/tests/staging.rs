@@ -681,3 +681,27 @@ fn a_pipeline_over_slices_refuses_bad_arguments_and_reports_stage_errors(device:
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
     }
 }
+
+host::backend_tests!(a_write_to_a_full_disk_is_a_storage_full_error_and_the_buffer_stays_usable);
+fn a_write_to_a_full_disk_is_a_storage_full_error_and_the_buffer_stays_usable(
+    device: host::Device,
+) {
+    // /dev/full refuses every write with ENOSPC, as a full file system does.
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        panic!("/dev/full is missing: this test needs a Linux /dev");
+    };
+    let staging = small(&device, Route::Auto, 2);
+    let words: Vec<u32> = (0..300_000u32)
+        .map(|i| i.wrapping_mul(2654435761))
+        .collect();
+    let mut dev = DeviceBuffer::<u32>::new(&device, words.len()).unwrap();
+    staging.h2d_blocking(&words, &mut dev).unwrap();
+    match staging.write_file_blocking(&dev, &full, 0) {
+        Err(Error::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e:?}"),
+        other => panic!("a write to a full disk gave {other:?}"),
+    }
+    // Nothing lost: the device buffer is intact and usable.
+    let mut back = vec![0xDEAD_BEEFu32; words.len()];
+    staging.d2h_blocking(&dev, &mut back).unwrap();
+    assert_eq!(back, words);
+}

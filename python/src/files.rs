@@ -74,7 +74,7 @@ impl<'py> Progress<'py> {
 /// The OSError subclass of an I/O error (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`...), its message naming `path`.
 fn open_error(path: &str, e: std::io::Error) -> PyErr {
-    PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}")))
+    crate::os_error(&e, format!("{path}: {e}"))
 }
 
 /// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours),

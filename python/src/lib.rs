@@ -147,6 +147,16 @@ pub fn out_of_memory_error(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::P
 
 /// A `host::Error` as the Python exception of its variant, with its text
 /// and `kind` (the variant's name).
+/// An `OSError` for `io` with the message `text`: `OSError(errno, text)`
+/// where the error has an errno (Python picks the subclass and sets
+/// `errno`), else the subclass of its kind.
+pub(crate) fn os_error(io: &std::io::Error, text: String) -> PyErr {
+    match io.raw_os_error() {
+        Some(code) => pyo3::exceptions::PyOSError::new_err((code, text)),
+        None => PyErr::from(std::io::Error::new(io.kind(), text)),
+    }
+}
+
 pub fn to_py(e: host::Error) -> PyErr {
     use host::Error as E;
     let text = e.to_string();
@@ -165,8 +175,9 @@ pub fn to_py(e: host::Error) -> PyErr {
         E::NotTimed => (NotTimedError::new_err(text), "NotTimed"),
         E::NotReady => (NotReadyError::new_err(text), "NotReady"),
         E::Internal(_) => (InternalError::new_err(text), "Internal"),
-        // The OSError subclass of its kind (FileNotFoundError, ...).
-        E::Io(io) => (PyErr::from(std::io::Error::new(io.kind(), text)), "Io"),
+        // The OSError subclass of its errno (FileNotFoundError, ...), with
+        // `errno` set; of its kind where there is no errno.
+        E::Io(io) => (os_error(io, text), "Io"),
         E::OutOfMemory { .. } => (
             Python::attach(|py| match out_of_memory_error(py) {
                 Ok(t) => PyErr::from_type(t.clone(), text),

@@ -416,3 +416,34 @@ def test_the_gpudirect_storage_probe_says_what_it_found(device):
     assert s["available"] == (s["reason"] == "available") and s["message"]
     if device.kind == "cpu":
         assert s["reason"] == "not_cuda"
+
+
+def test_a_save_that_runs_out_of_space_raises_and_leaves_no_file(tmp_path):
+    # A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the write fail
+    # part-way, as a full disk does, in a child process of its own.
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import os, resource, signal, sys
+        import numpy as np, gpufeed
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        a = np.arange(4 << 20, dtype=np.uint32)          # 16 MiB: past the 1 MiB limit
+        d = gpufeed.to_device(a)
+        for call in (lambda p: gpufeed.save(p, d), lambda p: gpufeed.save_safetensors(p, {{"a": d}})):
+            path = os.path.join({str(tmp_path)!r}, "out")
+            try:
+                call(path)
+            except OSError as e:
+                print("OSError", e.errno)
+            else:
+                sys.exit("the save succeeded past the size limit")
+            assert not os.path.exists(path) and not os.path.exists(path + ".partial"), os.listdir({str(tmp_path)!r})
+        # The device array is intact.
+        assert np.array_equal(gpufeed.to_host(d), a)
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["OSError", "27", "OSError", "27", "ok"], r.stdout  # EFBIG
