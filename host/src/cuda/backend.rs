@@ -101,6 +101,29 @@ impl CudaBackend {
             info,
         })
     }
+
+    /// Pins `ptr..ptr+bytes` in place (`cuMemHostRegister`: portable,
+    /// device-mapped, and `extra` flags); `call` names it in an error.
+    ///
+    /// # Safety
+    /// As for [`Backend::register_host`], with the range valid for what
+    /// `extra` lets the device do.
+    unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        bytes: usize,
+        extra: u32,
+        call: &'static str,
+    ) -> Result<bool> {
+        self.shared.usable()?;
+        self.shared.free_parked();
+        self.shared.bind()?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP | extra;
+        // SAFETY: the caller guarantees the range is valid and stays put.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr.cast(), bytes, flags) };
+        self.shared.check(call, r)?;
+        Ok(true) // the driver locks what it registers, or fails
+    }
 }
 
 impl Backend for CudaBackend {
@@ -258,38 +281,20 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn register_host(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
-        self.shared.usable()?;
-        self.shared.free_parked();
-        self.shared.bind()?;
-        // SAFETY: the caller guarantees the range is valid and stays put.
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                ptr.cast(),
-                bytes,
-                sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP,
-            )
-        };
-        self.shared.check("cuMemHostRegister", r)?;
-        Ok(true) // the driver locks what it registers, or fails
+        // SAFETY: forwarded (valid, stays put).
+        unsafe { self.register(ptr, bytes, 0, "cuMemHostRegister") }
     }
 
     unsafe fn register_host_read_only(&self, ptr: *mut u8, bytes: usize) -> Result<bool> {
-        self.shared.usable()?;
-        self.shared.free_parked();
-        self.shared.bind()?;
-        // SAFETY: the caller guarantees the range is valid for reads and
-        // stays put.
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                ptr.cast(),
+        // SAFETY: forwarded (valid for reads, stays put).
+        unsafe {
+            self.register(
+                ptr,
                 bytes,
-                sys::CU_MEMHOSTREGISTER_PORTABLE
-                    | sys::CU_MEMHOSTREGISTER_DEVICEMAP
-                    | sys::CU_MEMHOSTREGISTER_READ_ONLY,
+                sys::CU_MEMHOSTREGISTER_READ_ONLY,
+                "cuMemHostRegister (read-only)",
             )
-        };
-        self.shared.check("cuMemHostRegister (read-only)", r)?;
-        Ok(true)
+        }
     }
 
     unsafe fn unregister_host(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
