@@ -310,10 +310,7 @@ impl Operation {
     /// `await op` in asyncio: `wait()` on the loop's default executor (a
     /// thread that releases the GIL while it waits).
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
-        let fut = event_loop.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
-        fut.call_method0("__await__")
+        await_wait(slf.as_any())
     }
 
     fn __repr__(&self) -> String {
@@ -1114,4 +1111,14 @@ pub fn distinct(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<()> {
 /// Default device, re-exported for the pipeline.
 pub fn default_dev(py: Python<'_>, device: Option<&Device>) -> PyResult<host::Device> {
     device_or_default(py, device)
+}
+
+/// `obj.__await__()` for an object with a blocking `wait()` that releases
+/// the GIL (`Operation`, `Transfer`): `wait()` run on the asyncio loop's
+/// default executor.
+pub(crate) fn await_wait<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let fut = event_loop.call_method1("run_in_executor", (py.None(), obj.getattr("wait")?))?;
+    fut.call_method0("__await__")
 }

@@ -505,10 +505,7 @@ impl Transfer {
     /// `await t` in asyncio: `wait()` on the loop's default executor (a
     /// thread that releases the GIL while it waits), as `Operation`.
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
-        let fut = event_loop.call_method1("run_in_executor", (py.None(), slf.getattr("wait")?))?;
-        fut.call_method0("__await__")
+        crate::ops::await_wait(slf.as_any())
     }
 
     fn __repr__(&self) -> String {
