@@ -572,20 +572,14 @@ impl Staging {
         copy
     }
 
-    /// The way a read of `len` bytes of `file` from `at` would take now
-    /// with `io` ([`FileIo::Direct`] or [`FileIo::Buffered`]; `Auto` is
-    /// buffered). Nothing is read.
+    /// The way a read of `file` would take with `io` ([`FileIo::Direct`]
+    /// or [`FileIo::Buffered`]; `Auto` is buffered): it depends on `io` and
+    /// the file (its file system's acceptance of `O_DIRECT`), not on the
+    /// range. Nothing is read.
     ///
     /// # Errors
     /// As [`Staging::read_file_with`] refuses `io` for the file.
-    pub fn file_io_for(
-        &self,
-        file: &std::fs::File,
-        at: u64,
-        len: u64,
-        io: FileIo,
-    ) -> Result<FileIo> {
-        let _ = (at, len); // the way depends on `io` and the file alone
+    pub fn file_io_for(&self, file: &std::fs::File, io: FileIo) -> Result<FileIo> {
         let direct = crate::direct_io::choose(file, io, self.engine.config.block_bytes)?;
         Ok(if direct.is_some() {
             FileIo::Direct
@@ -1191,10 +1185,12 @@ impl<'a> StagedCopy<'a> {
     fn issue(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
         let off = self.next;
         let dev = self.dev + off as u64;
+        // Our own handle: the stream stays borrowed while `self` moves on.
+        let engine = self.engine.clone();
         let stream = if self.dir.is_upload() {
-            &self.engine.h2d
+            &engine.h2d
         } else {
-            &self.engine.d2h
+            &engine.d2h
         };
         let raw = stream.raw();
         if let Dir::FileIn { .. } = self.dir {
@@ -1217,22 +1213,37 @@ impl<'a> StagedCopy<'a> {
             self.engine.give_back(block);
             return Err(e);
         }
+        let done = self.ring_block(raw, block, off, len)?;
+        if let Some(f) = self.in_flight {
+            f.push(done);
+        }
+        Ok(())
+    }
+
+    /// Records, on `raw`, the completion of the DMAs just issued from
+    /// `block` for the `len` bytes at `off` (= `self.next`), puts the block
+    /// in the ring until it fires and moves on past them; returns the
+    /// completion for the buffers to note. A failed record leaks the block:
+    /// the DMAs' end can't be observed, so it is never reused.
+    fn ring_block(
+        &mut self,
+        raw: &dyn crate::backend::RawStream,
+        block: PooledBuffer<u8>,
+        off: usize,
+        len: usize,
+    ) -> Result<Completion> {
         match raw.record(false) {
             Ok(ev) => {
-                if let Some(f) = self.in_flight {
-                    f.push(ev.completion.clone());
-                }
                 self.ring.push_back(Slot {
                     block,
-                    done: ev.completion,
+                    done: ev.completion.clone(),
                     off,
                     len,
                 });
                 self.next += len;
-                Ok(())
+                Ok(ev.completion)
             }
             Err(e) => {
-                // The DMA's end can't be observed: never reuse the block.
                 std::mem::forget(block);
                 Err(e)
             }
@@ -1244,7 +1255,8 @@ impl<'a> StagedCopy<'a> {
     /// each piece's buffer.
     fn issue_file(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
         let off = self.next;
-        let raw = self.engine.h2d.raw();
+        let engine = self.engine.clone();
+        let raw = engine.h2d.raw();
         let mut touched = Vec::new();
         let mut issued = Ok(());
         let (mut i, mut pos) = (self.seg_at(off), off);
@@ -1276,26 +1288,11 @@ impl<'a> StagedCopy<'a> {
             self.engine.give_back(block);
             return issued;
         }
-        match raw.record(false) {
-            Ok(ev) => {
-                for &i in &touched {
-                    self.segs[i].in_flight.push(ev.completion.clone());
-                }
-                self.ring.push_back(Slot {
-                    block,
-                    done: ev.completion,
-                    off,
-                    len,
-                });
-                self.next += len;
-                issued
-            }
-            Err(e) => {
-                // The DMAs' end can't be observed: never reuse the block.
-                std::mem::forget(block);
-                Err(e)
-            }
+        let done = self.ring_block(raw, block, off, len)?;
+        for &i in &touched {
+            self.segs[i].in_flight.push(done.clone());
         }
+        issued
     }
 
     /// A file read: fills the next blocks (one, or half the ring for a
