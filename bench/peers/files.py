@@ -227,7 +227,7 @@ def main():
     print(f"disk, dd iflag=direct bs=16M: {disk_runs[-1]} GB/s", flush=True)
 
     def npy_mode():
-        return gpufeed.file_read_mode(npy, offset=data_offset, nbytes=nbytes, device=dev)
+        return gpufeed.file_read_mode(npy, device=dev)
 
     # raw: the same file's data region, ours against KvikIO.
     run("raw", "gpufeed.read_file", lambda: gpufeed.read_file(npy, "int32", shape=(n,), offset=data_offset, device=dev),
@@ -278,8 +278,7 @@ def main():
             lambda d: all(same(d[k], want_parts[k]) for k in names), sft, st_bytes, args.slow_reps)
     run("safetensors", "gpufeed.load_safetensors", lambda: gpufeed.load_safetensors(sft, dev),
         lambda d: all(same(torch.from_dlpack(d[k]), want_parts[k]) for k in names), sft, st_bytes, args.reps,
-        host_check=host_check_parts, mode=lambda: gpufeed.file_read_mode(sft, offset=os.path.getsize(sft) - st_bytes,
-                                                                          nbytes=st_bytes, device=dev))
+        host_check=host_check_parts, mode=lambda: gpufeed.file_read_mode(sft, device=dev))
 
     evict(npy)
     disk_runs.append(dd_direct_gbps(npy))

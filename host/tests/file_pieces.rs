@@ -377,9 +377,7 @@ fn auto_reads_buffered_so_a_cold_file_is_cached_after_and_direct_only_when_asked
             probe > 0.9,
             "the probe finds {probe} of a cached file cached"
         );
-        let planned = staging
-            .file_io_for(&file, 13, n as u64, FileIo::Auto)
-            .unwrap();
+        let planned = staging.file_io_for(&file, FileIo::Auto).unwrap();
         assert_eq!(planned, FileIo::Buffered, "a cached file");
         let (way, got) = read_pieces(&staging, &file, &sizes, &wants, FileIo::Auto).unwrap();
         check(&got, &want, "auto, cached");
@@ -391,9 +389,7 @@ fn auto_reads_buffered_so_a_cold_file_is_cached_after_and_direct_only_when_asked
         let cold = resident_share(&file) < 0.05;
         let probe = host::cached_share(&file, &[(13, n as u64)]).unwrap();
         assert_eq!(probe < 0.125, cold, "the probe finds {probe} cached");
-        let planned = staging
-            .file_io_for(&file, 13, n as u64, FileIo::Auto)
-            .unwrap();
+        let planned = staging.file_io_for(&file, FileIo::Auto).unwrap();
         assert_eq!(planned, FileIo::Buffered, "an evicted file");
         let (way, got) = read_pieces(&staging, &file, &sizes, &wants, FileIo::Auto).unwrap();
         check(&got, &want, "auto, evicted");
@@ -420,12 +416,10 @@ fn auto_reads_buffered_so_a_cold_file_is_cached_after_and_direct_only_when_asked
         }
         // Buffered and Direct stay what they say, cold or not.
         assert_eq!(
-            staging
-                .file_io_for(&file, 13, n as u64, FileIo::Buffered)
-                .unwrap(),
+            staging.file_io_for(&file, FileIo::Buffered).unwrap(),
             FileIo::Buffered
         );
-        match staging.file_io_for(&file, 13, n as u64, FileIo::Direct) {
+        match staging.file_io_for(&file, FileIo::Direct) {
             Ok(w) => assert!(direct_ok && w == FileIo::Direct),
             Err(Error::Io(e)) => {
                 assert!(

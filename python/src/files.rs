@@ -503,37 +503,26 @@ fn read_pieces(
     }
 }
 
-/// `file_read_mode(path, offset=0, nbytes=None, direct=None, device=None)`:
-/// how a read of `nbytes` bytes of `path` from `offset` (default: the rest
-/// of the file) would go now, `"direct"` (`O_DIRECT`) or `"buffered"`, with
-/// `direct` as `read_file` takes it (`None`: buffered). Nothing is read.
+/// `file_read_mode(path, direct=None, device=None)`: how a read of `path`
+/// would go, `"direct"` (`O_DIRECT`) or `"buffered"`, with `direct` as
+/// `read_file` takes it (`None`: buffered). Nothing is read.
 ///
 /// Raises `OSError` as `read_file` (and for `direct=True` where the file
 /// system refuses `O_DIRECT`).
 #[pyfunction]
-#[pyo3(signature = (path, offset=0, nbytes=None, direct=None, device=None))]
+#[pyo3(signature = (path, direct=None, device=None))]
 pub fn file_read_mode(
     py: Python<'_>,
     path: std::path::PathBuf,
-    offset: u64,
-    nbytes: Option<u64>,
     direct: Option<bool>,
     device: Option<&Device>,
 ) -> PyResult<&'static str> {
     let path = path.to_string_lossy().into_owned();
     let file = File::open(&path).map_err(|e| open_error(&path, e))?;
-    let len = match nbytes {
-        Some(n) => n,
-        None => file
-            .metadata()
-            .map_err(|e| open_error(&path, e))?
-            .len()
-            .saturating_sub(offset),
-    };
     let device = device_or_default(py, device)?;
     let staging = crate::staging::engine_for(py, &device)?;
     let way = py
-        .detach(|| staging.file_io_for(&file, offset, len, file_io(direct)))
+        .detach(|| staging.file_io_for(&file, file_io(direct)))
         .py()?;
     Ok(match way {
         host::FileIo::Direct => "direct",
