@@ -328,3 +328,14 @@
 //! };
 //! # drop(loader); Ok(()) }
 //! ```
+//! A source pinned in place ([`RowSource::registered`](crate::RowSource::registered),
+//! gathered by the GPU where it is) is shared: while any row source or
+//! loader holds it, nobody can write it (the GPU would gather torn rows).
+//! ```compile_fail,E0596
+//! # fn f(device: &host::Device) -> host::Result<()> {
+//! let pinned = std::sync::Arc::new(host::Registered::new(device, vec![1.0f32; 1024])?);
+//! let rows = host::RowSource::registered(pinned.clone(), 16)?;
+//! let loader = host::Loader::<f32>::new(device, vec![rows], host::LoaderConfig::new(4))?;
+//! pinned.as_mut_slice()[0] = 2.0;
+//! # drop(loader); Ok(()) }
+//! ```
