@@ -51,18 +51,28 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
     // The same data pinned in place: gathered on the device.
     let pa = Arc::new(Registered::new(&device, a.clone()).unwrap());
     let pb = Arc::new(Registered::new(&device, b.clone()).unwrap());
-    for (shuffle, drop_last, batch, prefetch, threads, pinned) in [
-        (false, false, 64, 2, 3, false),
-        (true, false, 100, 1, 0, false),
-        (true, true, 64, 4, 2, false),
-        (false, true, 1000, 2, 1, false),
-        (true, false, 5000, 3, 3, false),
-        (false, false, 64, 2, 3, true),
-        (true, false, 100, 1, 0, true),
-        (true, true, 64, 4, 2, true),
-        (true, false, 5000, 3, 3, true),
+    // `host` is None for plain sources, else the pinned sources' host
+    // percent: 0 all on the device, 100 all on the host through the split
+    // route, and splits that leave a short last batch, or a batch of one
+    // host row, or none.
+    for (shuffle, drop_last, batch, prefetch, threads, host) in [
+        (false, false, 64, 2, 3, None),
+        (true, false, 100, 1, 0, None),
+        (true, true, 64, 4, 2, None),
+        (false, true, 1000, 2, 1, None),
+        (true, false, 5000, 3, 3, None),
+        (false, false, 64, 2, 3, Some(0)),
+        (true, false, 100, 1, 0, Some(0)),
+        (true, true, 64, 4, 2, Some(0)),
+        (true, false, 5000, 3, 3, Some(0)),
+        (false, false, 64, 2, 3, Some(30)),
+        (true, false, 100, 1, 1, Some(1)),
+        (true, false, 64, 3, 2, Some(1)),
+        (true, true, 64, 4, 2, Some(77)),
+        (true, false, 300, 2, 0, Some(50)),
+        (true, false, 5000, 3, 3, Some(100)),
     ] {
-        let fields = if pinned {
+        let fields = if host.is_some() {
             vec![
                 RowSource::registered(pa.clone(), a_len).unwrap(),
                 RowSource::registered(pb.clone(), b_len).unwrap(),
@@ -78,8 +88,13 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
         config.drop_last = drop_last;
         config.prefetch = prefetch;
         config.seed = 42;
+        config.host_percent = host.unwrap_or(host::DEFAULT_HOST_PERCENT);
         let mut loader = Loader::<u32>::with_threads(&device, fields, config, threads).unwrap();
-        let want_gather = if pinned { Gather::Device } else { Gather::Host };
+        let want_gather = match host {
+            None => Gather::Host,
+            Some(0) => Gather::Device,
+            Some(_) => Gather::Split,
+        };
         assert_eq!(loader.gather(), want_gather);
         for epoch in 0..2 {
             loader.start_epoch(epoch, 0);
@@ -244,6 +259,9 @@ fn bad_arguments_are_typed_errors(device: host::Device) {
     c.prefetch = 0;
     invalid(Loader::new(&device, vec![rows(&a)], c));
     let mut c = LoaderConfig::new(4);
+    c.host_percent = 101;
+    invalid(Loader::new(&device, vec![rows(&a)], c));
+    let mut c = LoaderConfig::new(4);
     c.world_size = 2;
     c.rank = 2;
     invalid(Loader::new(&device, vec![rows(&a)], c));
@@ -305,6 +323,13 @@ fn a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place(devic
     let loader = Loader::<u32>::new(&device, mixed, config).unwrap();
     assert_eq!(loader.gather(), Gather::Host);
     drop(loader);
+    // Some of each batch's rows on the host (the default), or none.
+    let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
+    let loader = Loader::<u32>::new(&device, pinned, config).unwrap();
+    assert_eq!(loader.gather(), Gather::Split);
+    drop(loader);
+    let mut config = config;
+    config.host_percent = 0;
     let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
     let mut loader = Loader::<u32>::new(&device, pinned, config).unwrap();
     assert_eq!(loader.gather(), Gather::Device);
@@ -316,4 +341,30 @@ fn a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place(devic
     assert_eq!(read(&mut first.fields[0]), a[..8 * 4].to_vec());
     let guard = Arc::try_unwrap(pa).expect("the loader let go of the source");
     assert_eq!(guard.into_inner(), a);
+}
+
+host::backend_tests!(prefetch_batches_stay_in_flight_while_a_batch_handed_out_is_used);
+fn prefetch_batches_stay_in_flight_while_a_batch_handed_out_is_used(device: host::Device) {
+    let a = data(400, 8, 23);
+    let pa = Arc::new(Registered::new(&device, a.clone()).unwrap());
+    for pinned in [false, true] {
+        for prefetch in [1, 3] {
+            let mut config = LoaderConfig::new(10);
+            config.prefetch = prefetch;
+            let field = if pinned {
+                RowSource::registered(pa.clone(), 8).unwrap()
+            } else {
+                RowSource::new(&a, 8).unwrap()
+            };
+            let mut loader = Loader::<u32>::new(&device, vec![field], config).unwrap();
+            loader.start_epoch(0, 0);
+            for taken in 1..=5u64 {
+                let mut batch = block_on(loader.next()).unwrap().unwrap();
+                // Issued: the ones handed out and `prefetch` more.
+                assert_eq!(loader.stats().batches, taken + prefetch as u64);
+                let i = batch.index;
+                assert_eq!(read(&mut batch.fields[0]), a[i * 80..(i + 1) * 80].to_vec());
+            }
+        }
+    }
 }
