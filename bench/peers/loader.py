@@ -4,6 +4,7 @@ process, one run (issue 27). Batches of random 4 KiB rows of a 1 GiB
 in-memory float32 array (rows of 1024 floats), sent to the GPU:
 
   * gpufeed:             gpufeed.Loader(a, rows, shuffle=True) -> torch tensors
+  * gpufeed_prefetch4:   the same with prefetch=4 (the default is 2)
   * pinned_copy:         one pinned tensor of the batch's bytes, .cuda(non_blocking=True)
                          per batch (the link's own speed for those bytes: the bound)
   * torch_hand:          torch.index_select into two pinned buffers, each sent with
@@ -115,9 +116,9 @@ def main():
         want = arr[np.asarray(idx, dtype=np.int64)]
         return got.shape == want.shape and np.array_equal(got.cpu().numpy().view(np.uint32), want.view(np.uint32))
 
-    def ours(source, batch, shuffle, label, verify=None, **extra):
+    def ours(source, batch, shuffle, label, verify=None, prefetch=2, **extra):
         """Verification pass, then timed runs, of a gpufeed.Loader."""
-        ld = gpufeed.Loader(source, batch, shuffle=shuffle, seed=1, framework="torch")
+        ld = gpufeed.Loader(source, batch, shuffle=shuffle, seed=1, framework="torch", prefetch=prefetch)
         idx = ld.indices(0)
         ok = True
         for k, b in enumerate(ld):
@@ -175,6 +176,8 @@ def main():
         bound = None
 
     main_row = ours(arr, batch_rows, True, "gpufeed")
+    # The same, 4 batches ahead instead of the default 2 (how much a deeper queue hides).
+    ours(arr, batch_rows, True, "gpufeed_prefetch4", prefetch=4, prefetch_depth=4)
 
     # The hand-written loop: index_select into two pinned buffers.
     bufs = [torch.empty((batch_rows, row_floats), dtype=torch.float32, pin_memory=cuda) for _ in range(2)]

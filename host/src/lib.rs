@@ -85,7 +85,7 @@ pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
 pub use kernel_abi;
 pub use loader::{
     batches_per_epoch, epoch_indices, permutation, Batch, Gather, Loader, LoaderConfig,
-    LoaderStats, RowSource, DEFAULT_HOST_PERCENT, MAX_WORLD_SIZE,
+    LoaderStats, RowSource, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "hooks")]
 #[doc(hidden)]

@@ -4,16 +4,10 @@
 //!
 //! - The rows of a batch are gathered by the staging workers' threads
 //!   (each thread a slice of the batch's bytes) into a pinned block, and
-//!   the block is sent with one DMA per field on the loader's own stream
-//!   ([`Gather::Host`]).
-//! - Sources pinned in place ([`RowSource::registered`]) are read where
-//!   they are by a gather kernel, which receives only the batch's indices:
-//!   all of the rows ([`Gather::Device`]), or all but the
-//!   [`LoaderConfig::host_percent`] the host gathers and sends by DMA at the
-//!   same time ([`Gather::Split`]: the copy engine and the kernel share the
-//!   link).
+//!   the block is sent with one DMA per field on the loader's own stream.
 //! - [`LoaderConfig::prefetch`] batches are in flight at once, also while
-//!   the batch just handed out is used: taking a batch issues the next.
+//!   the batch just handed out is used (taking a batch issues the next):
+//!   the gather of batch *k + 1* runs while the DMA of batch *k* does.
 //! - Every batch gets fresh device buffers, so a batch is never overwritten
 //!   while its owner holds it.
 //!
@@ -86,10 +80,6 @@ pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 /// to a multiple of the world size: this bounds that padding).
 pub const MAX_WORLD_SIZE: usize = 1 << 20;
 
-/// The default [`LoaderConfig::host_percent`]: the part of a device
-/// gather's rows the host gathers and sends by DMA beside the kernel.
-pub const DEFAULT_HOST_PERCENT: u8 = 30;
-
 /// The shape of a loader: batch size, order, prefetch depth and shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderConfig {
@@ -107,12 +97,6 @@ pub struct LoaderConfig {
     /// Batches in flight ahead of the one handed out (at least 1): each
     /// holds a pinned block of one batch's bytes.
     pub prefetch: usize,
-    /// With every field pinned in place (a device gather), the percent of
-    /// each batch's rows (rounded down) the host gathers into a pinned block
-    /// sent by DMA while a kernel gathers the rest where they are
-    /// ([`Gather::Split`]): the copy engine and the kernel share the link.
-    /// 0 leaves every row to the kernel ([`Gather::Device`]); at most 100.
-    pub host_percent: u8,
     /// This process's rank among `world_size` (0 for one process).
     pub rank: usize,
     /// Processes sharing the data, each taking a disjoint shard (1: all of
@@ -122,8 +106,7 @@ pub struct LoaderConfig {
 
 impl LoaderConfig {
     /// `batch_size` rows per batch, in order, last batch kept, 2 batches
-    /// ahead, [`DEFAULT_HOST_PERCENT`] of a device gather's rows on the host,
-    /// one process.
+    /// ahead, one process.
     pub fn new(batch_size: usize) -> LoaderConfig {
         LoaderConfig {
             batch_size,
@@ -131,7 +114,6 @@ impl LoaderConfig {
             seed: 0,
             drop_last: false,
             prefetch: 2,
-            host_percent: DEFAULT_HOST_PERCENT,
             rank: 0,
             world_size: 1,
         }
@@ -145,12 +127,6 @@ impl LoaderConfig {
         }
         if self.prefetch == 0 {
             return bad("a loader's prefetch must be at least 1".into());
-        }
-        if self.host_percent > 100 {
-            return bad(format!(
-                "a loader's host_percent {} is above 100",
-                self.host_percent
-            ));
         }
         if self.world_size > MAX_WORLD_SIZE {
             return bad(format!(
@@ -510,9 +486,6 @@ struct InFlightBatch<T: Pod> {
 pub struct Loader<'a, T: Pod> {
     device: Device,
     stream: Stream,
-    /// The kernels' stream of a split gather (joined into `stream` before
-    /// each batch's event); the others gather on `stream`.
-    gather_stream: Option<Stream>,
     workers: crate::workers::CopyWorkers,
     pool: PinnedPool,
     fields: Vec<RowSource<'a>>,
@@ -557,11 +530,6 @@ pub enum Gather {
     /// pinned in place: [`RowSource::registered`]) into the batch; the
     /// host only sends the batch's indices.
     Device,
-    /// Both at once, every field pinned in place: the host gathers
-    /// [`LoaderConfig::host_percent`] of each batch's rows into a pinned
-    /// block, sent by DMA on the loader's stream, while a kernel on a
-    /// second stream gathers the rest where they are.
-    Split,
 }
 
 impl<T: Pod> std::fmt::Debug for Loader<'_, T> {
@@ -652,7 +620,6 @@ impl<'a, T: Pod> Loader<'a, T> {
             None => None,
         };
         let (gather, mapped) = match (mapped, &gather_fn) {
-            (Some(m), Some(_)) if config.host_percent > 0 => (Gather::Split, m),
             (Some(m), Some(_)) => (Gather::Device, m),
             _ => (Gather::Host, Vec::new()),
         };
@@ -664,14 +631,9 @@ impl<'a, T: Pod> Loader<'a, T> {
         let threads = if gather == Gather::Device { 0 } else { threads };
         let workers =
             crate::workers::CopyWorkers::start(threads, move || crate::numa::run_on_cpus(&cpus))?;
-        let gather_stream = match gather {
-            Gather::Split => Some(Stream::new(device)?),
-            Gather::Host | Gather::Device => None,
-        };
         let mut loader = Loader {
             device: device.clone(),
             stream: Stream::new(device)?,
-            gather_stream,
             workers,
             pool: PinnedPool::near(device),
             fields,
@@ -803,36 +765,18 @@ impl<'a, T: Pod> Loader<'a, T> {
         Ok(())
     }
 
-    /// The rows of a batch of `n` the host gathers (the first ones); the
-    /// kernel gathers the rest.
-    fn host_rows(&self, n: usize) -> usize {
-        match self.gather {
-            Gather::Host => n,
-            Gather::Device => 0,
-            Gather::Split => n * usize::from(self.config.host_percent) / 100,
-        }
-    }
-
-    /// Where a batch's indices sit in its block: after the host part, which
-    /// holds a whole batch's host rows of every field (8-byte aligned).
-    fn indices_offset(&self) -> usize {
-        let k = self.host_rows(self.config.batch_size);
-        let host: usize = self.fields.iter().map(|f| f.row_bytes() * k).sum();
-        host.next_multiple_of(8)
-    }
-
-    /// Gathers batch `next_issue` and sends it: its first
-    /// [`Loader::host_rows`] on the host into a pinned block then one DMA
-    /// per field, the rest on the device (their indices sent, then one
-    /// gather kernel per field).
+    /// Gathers batch `next_issue` and sends it: on the host into a pinned
+    /// block then one DMA per field, or on the device (its indices sent,
+    /// then one gather kernel per field).
     fn issue_next(&mut self) -> Result<()> {
         let b = self.config.batch_size;
         let start = self.next_issue * b;
         let end = (start + b).min(self.indices.len());
         let n = end - start;
-        let k = self.host_rows(n);
-        let idx_off = self.indices_offset();
-        let block_bytes = idx_off + 8 * (b - self.host_rows(b));
+        let block_bytes = match self.gather {
+            Gather::Host => self.fields.iter().map(|f| f.row_bytes() * b).sum(),
+            Gather::Device => 8 * b,
+        };
         let t = std::time::Instant::now();
         let mut block = match lock(&self.free).pop() {
             Some(block) => block,
@@ -846,64 +790,55 @@ impl<'a, T: Pod> Loader<'a, T> {
                 n * f.row_bytes() / elem,
             )?);
         }
-        let indices = match n - k {
-            0 => None,
-            m => Some(DeviceBuffer::<u64>::new(&self.device, m)?),
+        let indices = match self.gather {
+            Gather::Host => None,
+            Gather::Device => Some(DeviceBuffer::<u64>::new(&self.device, n)?),
         };
         let alloced = std::time::Instant::now();
         // The host's part first, all of it: a failure there leaves no
         // command behind (the block and the buffers go back at once).
-        let mut off = 0;
-        for f in &self.fields {
-            let bytes = k * f.row_bytes();
-            self.addrs.clear();
-            self.addrs.extend(
-                self.indices[start..start + k]
-                    .iter()
-                    .map(|&i| f.row_addr(i)),
-            );
-            let dst = &mut block.as_mut_slice()[off..off + bytes];
-            // SAFETY: every address is a row of the source, readable and
-            // unwritten for 'a (RowSource's contract: a shared borrow, or
-            // the raw constructor's promise); `dst` is our block.
-            unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
-            off += bytes;
-        }
-        let dst = &mut block.as_mut_slice()[idx_off..idx_off + 8 * (n - k)];
-        for (d, &i) in dst.chunks_exact_mut(8).zip(&self.indices[start + k..end]) {
-            d.copy_from_slice(&(i as u64).to_ne_bytes());
-        }
-        let gathered = std::time::Instant::now();
-        // Then the commands: the kernels' (on the gather stream), the DMAs
-        // (on the loader's), the gather stream joined into the loader's,
-        // and one event after them all.
-        let on_device = match &indices {
-            None => Ok(()),
-            Some(idx) => self.gather_on_device(&block, idx, &fields, k, n),
-        };
-        let sent = self.send_gathered(&block, &fields, k);
-        if let Some(gs) = &self.gather_stream {
-            // Even after a failed command: the ones issued before it read
-            // the block and write the buffers until the event fires.
-            let joined = gs
-                .raw()
-                .record(false)
-                .and_then(|ev| self.stream.raw().wait(&ev));
-            if let Err(e) = joined {
-                // The kernels' end can't be observed: never reuse the block
-                // nor free the buffers (nor let go of the sources).
-                std::mem::forget(block);
-                std::mem::forget(fields);
-                std::mem::forget(indices);
-                std::mem::forget(self.fields.clone());
-                return Err(e);
+        let mut bytes_sent = 0;
+        match self.gather {
+            Gather::Host => {
+                let mut off = 0;
+                for f in &self.fields {
+                    let bytes = n * f.row_bytes();
+                    self.addrs.clear();
+                    self.addrs
+                        .extend(self.indices[start..end].iter().map(|&i| f.row_addr(i)));
+                    let dst = &mut block.as_mut_slice()[off..off + bytes];
+                    // SAFETY: every address is a row of the source, readable
+                    // and unwritten for 'a (RowSource's contract: a shared
+                    // borrow, or the raw constructor's promise); `dst` is
+                    // our block.
+                    unsafe { self.workers.gather(&self.addrs, f.row_bytes(), dst)? };
+                    off += bytes;
+                }
+                bytes_sent = off;
+            }
+            Gather::Device => {
+                let dst = &mut block.as_mut_slice()[..8 * n];
+                for (d, &i) in dst.chunks_exact_mut(8).zip(&self.indices[start..end]) {
+                    d.copy_from_slice(&(i as u64).to_ne_bytes());
+                }
             }
         }
-        let issued = on_device.and(sent);
+        let gathered = std::time::Instant::now();
+        // Then the commands, and one event after them.
+        let issued = match &indices {
+            None => self.send_gathered(&block, &fields, n),
+            Some(idx) => {
+                bytes_sent = self.fields.iter().map(|f| n * f.row_bytes()).sum();
+                self.gather_on_device(&block, idx, &fields, n)
+            }
+        };
+        // Recorded even after a failed command: the ones issued before it
+        // read the block and write the buffers until it fires.
         let done = match self.stream.raw().record(false) {
             Ok(ev) => ev.completion,
             Err(e) => {
-                // The commands' end can't be observed: as above.
+                // The commands' end can't be observed: never reuse the
+                // block nor free the buffers (nor let go of the sources).
                 std::mem::forget(block);
                 std::mem::forget(fields);
                 std::mem::forget(indices);
@@ -925,7 +860,7 @@ impl<'a, T: Pod> Loader<'a, T> {
         }
         let issued_at = std::time::Instant::now();
         self.stats.batches += 1;
-        self.stats.bytes += self.fields.iter().map(|f| n * f.row_bytes()).sum::<usize>() as u64;
+        self.stats.bytes += bytes_sent as u64;
         self.stats.alloc += alloced - t;
         self.stats.gather += gathered - alloced;
         self.stats.issue += issued_at - gathered;
@@ -942,23 +877,23 @@ impl<'a, T: Pod> Loader<'a, T> {
         Ok(())
     }
 
-    /// The DMAs of a batch's first `k` rows, gathered on the host: one per
-    /// field, from its part of `block` into the start of its buffer.
+    /// The DMAs of a batch gathered on the host: one per field, from its
+    /// part of `block` into its buffer.
     fn send_gathered(
         &self,
         block: &PooledBuffer<u8>,
         fields: &[DeviceBuffer<T>],
-        k: usize,
+        n: usize,
     ) -> Result<()> {
         let mut off = 0;
         for (f, buf) in self.fields.iter().zip(fields) {
-            let bytes = k * f.row_bytes();
+            let bytes = n * f.row_bytes();
             let (_, addr, _) = buf.staging_parts();
             if bytes > 0 {
                 // SAFETY: the block is pinned memory of ours, held until
                 // the completion recorded after this fires; the device range
-                // is the start of the fresh buffer, whose in-flight record
-                // keeps its uses and its free behind the DMA.
+                // is the fresh buffer, whose in-flight record keeps its
+                // uses and its free behind the DMA.
                 unsafe {
                     self.stream
                         .raw()
@@ -970,50 +905,43 @@ impl<'a, T: Pod> Loader<'a, T> {
         Ok(())
     }
 
-    /// Rows `k..n` of a batch gathered on the device (on the gather stream):
-    /// their indices (in `block`) sent to `idx`, then one gather kernel per
-    /// field reading the source where it is (pinned in place and mapped)
-    /// into the field's buffer from row `k`.
+    /// A batch gathered on the device: its indices (in `block`) sent to
+    /// `idx`, then one gather kernel per field reading the source where it
+    /// is (pinned in place and mapped) into the field's buffer.
     fn gather_on_device(
         &self,
         block: &PooledBuffer<u8>,
         idx: &DeviceBuffer<u64>,
         fields: &[DeviceBuffer<T>],
-        k: usize,
         n: usize,
     ) -> Result<()> {
-        let m = n - k;
-        let stream = self.gather_stream.as_ref().unwrap_or(&self.stream).raw();
+        if n == 0 {
+            return Ok(());
+        }
         let (_, idx_addr, _) = idx.staging_parts();
-        // SAFETY: the block is pinned memory of ours holding the m indices
-        // at `indices_offset`, held until the completion recorded after
-        // this (joined with this stream) fires; `idx` is a fresh buffer of
-        // m values, its free behind that completion.
-        unsafe { stream.copy_h2d(idx_addr, block.ptr().add(self.indices_offset()), 8 * m)? };
+        // SAFETY: the block is pinned memory of ours holding the n indices,
+        // held until the completion recorded after this fires; `idx` is a
+        // fresh buffer of n values, its free behind that completion.
+        unsafe { self.stream.raw().copy_h2d(idx_addr, block.ptr(), 8 * n)? };
         let Some(function) = &self.gather_fn else {
             return Err(Error::Internal(
                 "a device-gathering loader without its kernel".into(),
             ));
         };
         for ((f, buf), &(src, src_bytes)) in self.fields.iter().zip(fields).zip(&self.mapped) {
-            let bytes = m * f.row_bytes();
-            if bytes == 0 {
-                continue;
-            }
+            let bytes = n * f.row_bytes();
             let (_, dst, _) = buf.staging_parts();
-            let dst = dst + (k * f.row_bytes()) as u64;
             let config = crate::kernel::LaunchConfig::grid_stride(&self.device, bytes.div_ceil(16));
             // SAFETY: `src` is the source's mapped address, readable by the
             // device for `src_bytes` while the loader holds the source's
             // registration (it waits for its last command before letting go
-            // of it); `idx` holds m indices, each below the source's row
-            // count; `dst` is the fresh buffer's rows k..n, disjoint from
-            // both and from the DMAs' rows 0..k, its free behind the
-            // completion recorded after this.
+            // of it); `idx` holds n indices, each below the source's row
+            // count; `dst` is the fresh buffer of n rows, disjoint from
+            // both, its free behind the completion recorded after this.
             let params = unsafe {
                 (
                     kernel_abi::Slice::from_raw_parts(src as *const u8, src_bytes),
-                    kernel_abi::Slice::from_raw_parts(idx_addr as *const u64, m),
+                    kernel_abi::Slice::from_raw_parts(idx_addr as *const u64, n),
                     f.row_bytes() as u64,
                     kernel_abi::SliceMut::from_raw_parts(dst as *mut u8, bytes),
                 )
@@ -1028,7 +956,7 @@ impl<'a, T: Pod> Loader<'a, T> {
                 )),
             };
             // SAFETY: as for the parameters above.
-            unsafe { stream.launch(launch)? };
+            unsafe { self.stream.raw().launch(launch)? };
         }
         Ok(())
     }
@@ -1112,7 +1040,7 @@ impl<T: Pod> Drop for Loader<'_, T> {
         // (held by the fields, dropped next) must outlive them. At most
         // `prefetch` batches' gathers; a failure there is the context's,
         // which ends every command of it.
-        if self.gather != Gather::Host {
+        if self.gather == Gather::Device {
             if let Some(last) = self.last.take() {
                 let _ = last.block();
             }

@@ -51,28 +51,18 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
     // The same data pinned in place: gathered on the device.
     let pa = Arc::new(Registered::new(&device, a.clone()).unwrap());
     let pb = Arc::new(Registered::new(&device, b.clone()).unwrap());
-    // `host` is None for plain sources, else the pinned sources' host
-    // percent: 0 all on the device, 100 all on the host through the split
-    // route, and splits that leave a short last batch, or a batch of one
-    // host row, or none.
-    for (shuffle, drop_last, batch, prefetch, threads, host) in [
-        (false, false, 64, 2, 3, None),
-        (true, false, 100, 1, 0, None),
-        (true, true, 64, 4, 2, None),
-        (false, true, 1000, 2, 1, None),
-        (true, false, 5000, 3, 3, None),
-        (false, false, 64, 2, 3, Some(0)),
-        (true, false, 100, 1, 0, Some(0)),
-        (true, true, 64, 4, 2, Some(0)),
-        (true, false, 5000, 3, 3, Some(0)),
-        (false, false, 64, 2, 3, Some(30)),
-        (true, false, 100, 1, 1, Some(1)),
-        (true, false, 64, 3, 2, Some(1)),
-        (true, true, 64, 4, 2, Some(77)),
-        (true, false, 300, 2, 0, Some(50)),
-        (true, false, 5000, 3, 3, Some(100)),
+    for (shuffle, drop_last, batch, prefetch, threads, pinned) in [
+        (false, false, 64, 2, 3, false),
+        (true, false, 100, 1, 0, false),
+        (true, true, 64, 4, 2, false),
+        (false, true, 1000, 2, 1, false),
+        (true, false, 5000, 3, 3, false),
+        (false, false, 64, 2, 3, true),
+        (true, false, 100, 1, 0, true),
+        (true, true, 64, 4, 2, true),
+        (true, false, 5000, 3, 3, true),
     ] {
-        let fields = if host.is_some() {
+        let fields = if pinned {
             vec![
                 RowSource::registered(pa.clone(), a_len).unwrap(),
                 RowSource::registered(pb.clone(), b_len).unwrap(),
@@ -88,13 +78,8 @@ fn every_batch_holds_the_rows_of_its_indices(device: host::Device) {
         config.drop_last = drop_last;
         config.prefetch = prefetch;
         config.seed = 42;
-        config.host_percent = host.unwrap_or(host::DEFAULT_HOST_PERCENT);
         let mut loader = Loader::<u32>::with_threads(&device, fields, config, threads).unwrap();
-        let want_gather = match host {
-            None => Gather::Host,
-            Some(0) => Gather::Device,
-            Some(_) => Gather::Split,
-        };
+        let want_gather = if pinned { Gather::Device } else { Gather::Host };
         assert_eq!(loader.gather(), want_gather);
         for epoch in 0..2 {
             loader.start_epoch(epoch, 0);
@@ -259,9 +244,6 @@ fn bad_arguments_are_typed_errors(device: host::Device) {
     c.prefetch = 0;
     invalid(Loader::new(&device, vec![rows(&a)], c));
     let mut c = LoaderConfig::new(4);
-    c.host_percent = 101;
-    invalid(Loader::new(&device, vec![rows(&a)], c));
-    let mut c = LoaderConfig::new(4);
     c.world_size = 2;
     c.rank = 2;
     invalid(Loader::new(&device, vec![rows(&a)], c));
@@ -323,13 +305,6 @@ fn a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place(devic
     let loader = Loader::<u32>::new(&device, mixed, config).unwrap();
     assert_eq!(loader.gather(), Gather::Host);
     drop(loader);
-    // Some of each batch's rows on the host (the default), or none.
-    let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
-    let loader = Loader::<u32>::new(&device, pinned, config).unwrap();
-    assert_eq!(loader.gather(), Gather::Split);
-    drop(loader);
-    let mut config = config;
-    config.host_percent = 0;
     let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
     let mut loader = Loader::<u32>::new(&device, pinned, config).unwrap();
     assert_eq!(loader.gather(), Gather::Device);

@@ -1016,14 +1016,12 @@ impl Loader {
         })
     }
 
-    /// Where batches are gathered: "split" (the source pinned in place:
-    /// a kernel reads most rows where they are while native threads gather
-    /// the rest into pinned blocks sent by DMA), "device" (the kernel
-    /// alone) or "host" (native threads gather every row).
+    /// Where batches are gathered: "device" (the source pinned in place,
+    /// read by a kernel where it is) or "host" (native threads copy the
+    /// rows into pinned blocks).
     #[getter]
     fn gather(&self) -> &'static str {
         match self.gather {
-            host::Gather::Split => "split",
             host::Gather::Device => "device",
             host::Gather::Host => "host",
         }

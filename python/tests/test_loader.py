@@ -128,7 +128,7 @@ def test_every_batch_equals_numpys_gather_of_its_rows(device, dtype, shuffle, dr
         assert rows == (1001 // batch * batch if drop_last else 1001)
 
 
-def test_in_memory_arrays_are_gathered_mostly_on_the_device_and_others_on_the_host(device, tmp_path):
+def test_in_memory_arrays_are_gathered_on_the_device_and_others_on_the_host(device, tmp_path):
     rng = np.random.default_rng(12)
     a = fresh(rng, (513, 8), "float32")
     labels = fresh(rng, (513,), "int64")
@@ -136,8 +136,8 @@ def test_in_memory_arrays_are_gathered_mostly_on_the_device_and_others_on_the_ho
     mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
     paths = [str(tmp_path / "a.npy"), str(tmp_path / "a.npy")]
     cases = [
-        ({"x": a, "y": labels}, "split", a),        # in memory, one piece each: pinned in place
-        (mapped, "split", a),                       # a read-only memory map: pinned read-only
+        ({"x": a, "y": labels}, "device", a),       # in memory, one piece each: pinned in place
+        (mapped, "device", a),                      # a read-only memory map: pinned read-only
         ({"x": paths, "y": np.concatenate([labels, labels])}, "host", np.concatenate([a, a])),
     ]
     for source, where, whole in cases:
@@ -158,7 +158,7 @@ def test_in_memory_arrays_are_gathered_mostly_on_the_device_and_others_on_the_ho
     buf.unpin()
     # A loader's own pin lasts as long as the loader: then the array is free.
     ld = gpufeed.Loader(c, 40, device=device, framework="gpufeed")
-    assert ld.gather == "split"
+    assert ld.gather == "device"
     del ld
     gpufeed.pin(c).unpin()
 

@@ -28,9 +28,6 @@ pub struct Config {
     pub batch_bytes: Vec<usize>,
     /// Timed epochs per batch size (medians are quoted).
     pub reps: usize,
-    /// The device gathers' host shares measured besides the host gather
-    /// ([`LoaderConfig::host_percent`]: 0 is the kernel alone).
-    pub host_percents: Vec<u8>,
 }
 
 impl Config {
@@ -41,7 +38,6 @@ impl Config {
                 row_bytes: 4096,
                 batch_bytes: vec![1 << 20],
                 reps: 2,
-                host_percents: vec![0, host::DEFAULT_HOST_PERCENT],
             }
         } else {
             Config {
@@ -49,7 +45,6 @@ impl Config {
                 row_bytes: 4096,
                 batch_bytes: vec![1 << 20, 8 << 20, 16 << 20, 64 << 20],
                 reps: 5,
-                host_percents: vec![0, 15, host::DEFAULT_HOST_PERCENT, 45, 60],
             }
         }
     }
@@ -59,12 +54,9 @@ impl Config {
 pub struct Row {
     pub batch_bytes: usize,
     pub batches_per_epoch: usize,
-    /// Where the rows were gathered: on the host (from the `Vec`), on the
-    /// device (the `Vec` pinned in place), or split between them.
+    /// Where the rows were gathered: on the host (from the `Vec`) or on the
+    /// device (the `Vec` pinned in place).
     pub gather: Gather,
-    /// The percent of each batch's rows the host gathered (100 on the
-    /// host, 0 on the device).
-    pub host_percent: u8,
     /// GB/s of batch bytes delivered: medians of `reps` epochs.
     pub loader_gbps: Option<f64>,
     /// One DMA of a whole epoch's bytes from pinned memory (the link).
@@ -140,10 +132,10 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         config.reps
     );
     println!(
-        "   gathered on the host (a Vec), on the device (the Vec pinned in place), or split (the host's part %); µs per batch: all, the host's gather"
+        "   gathered on the host (a Vec) or on the device (the Vec pinned in place); µs per batch: all, the host's gather"
     );
     println!(
-        "   {:>9} {:>8} {:>11} {:>10} {:>10} {:>8} {:>9} {:>8}",
+        "   {:>9} {:>8} {:>7} {:>10} {:>10} {:>8} {:>9} {:>8}",
         "batch", "batches", "gather", "loader", "pinned", "ratio", "µs/batch", "gather"
     );
     for &batch_bytes in &config.batch_bytes {
@@ -161,14 +153,11 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             n_rows / batch_rows,
             config.reps,
         )?;
-        let routes = std::iter::once(None).chain(config.host_percents.iter().map(Some));
-        for route in routes {
-            let fields = match route {
-                Some(&pct) => {
-                    lc.host_percent = pct;
-                    vec![RowSource::registered(pinned_data.clone(), row_len)?]
-                }
-                None => vec![RowSource::new(&data, row_len)?],
+        for on_device in [false, true] {
+            let fields = if on_device {
+                vec![RowSource::registered(pinned_data.clone(), row_len)?]
+            } else {
+                vec![RowSource::new(&data, row_len)?]
             };
             let mut loader = Loader::<u32>::new(device, fields, lc)?;
             let row = measure(
@@ -181,13 +170,12 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
                 pinned_gbps,
             )?;
             println!(
-                "   {:>9} {:>8} {:>11} {:>10.2} {:>10.2} {:>7.3}x {:>9.1} {:>8.1}{}",
+                "   {:>9} {:>8} {:>7} {:>10.2} {:>10.2} {:>7.3}x {:>9.1} {:>8.1}{}",
                 size(row.batch_bytes),
                 row.batches_per_epoch,
                 match row.gather {
-                    Gather::Host => "host".to_string(),
-                    Gather::Device => "device".to_string(),
-                    Gather::Split => format!("split {}%", row.host_percent),
+                    Gather::Host => "host",
+                    Gather::Device => "device",
                 },
                 row.loader_gbps.unwrap_or(f64::NAN),
                 pinned_gbps,
@@ -261,24 +249,13 @@ fn measure(
         a.push((s.alloc - before.alloc).as_secs_f64() * 1e6 / n);
         i.push((s.issue - before.issue).as_secs_f64() * 1e6 / n);
         w.push(wall * 1e6 / n);
-        // The host's part of the bytes (all, or the split's share).
-        let host_share = match loader.gather() {
-            Gather::Split => f64::from(lc.host_percent) / 100.0,
-            Gather::Host | Gather::Device => 1.0,
-        };
-        let host_bytes = (s.bytes - before.bytes) as f64 * host_share;
-        ggb.push(host_bytes / (s.gather - before.gather).as_secs_f64() / 1e9);
+        ggb.push((s.bytes - before.bytes) as f64 / (s.gather - before.gather).as_secs_f64() / 1e9);
     }
     let lg = median(&gbps);
     Ok(Row {
         batch_bytes: lc.batch_size * row_len * 4,
         batches_per_epoch: loader.len(),
         gather: loader.gather(),
-        host_percent: match loader.gather() {
-            Gather::Host => 100,
-            Gather::Device => 0,
-            Gather::Split => lc.host_percent,
-        },
         loader_gbps: cell(lg, 2),
         pinned_gbps: cell(pinned_gbps, 2),
         loader_over_pinned: cell(lg / pinned_gbps, 3),
@@ -290,7 +267,7 @@ fn measure(
             total: cell(median(&w), 1),
         },
         gather_gbps: match loader.gather() {
-            Gather::Host | Gather::Split => cell(median(&ggb), 2),
+            Gather::Host => cell(median(&ggb), 2),
             Gather::Device => None,
         },
     })
