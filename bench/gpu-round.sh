@@ -138,8 +138,10 @@ if [ "$mode" = files ] || { [ "$mode" = measure ] && [ "${FILES:-0}" = 1 ]; }; t
     tail -2 "$FD/python-files-tests.log" | tee -a "$R/logs/summary.log"
   fi
   note "files: host files (4 GiB), then the Python peers (KvikIO, np.load, torch.load, safetensors; 4 GiB)"
+  if [ "${FILES_HOST:-1}" = 1 ]; then  # FILES_HOST=0: the Python peers alone
   timeout 300 .gpu/bin/host --out-dir "$FD" files --dir "$scratch" ${FILES_ARGS:---bytes 4294967296} > "$FD/files.log" 2>&1 || { fail=1; note "HOST FILES FAILED"; }
   grep -vE "^wrote" "$FD/files.log" | tee -a "$R/logs/summary.log"
+  fi
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 250 python3 bench/peers/files.py --dir "$scratch" --out "$FD/python-files.json" ${FILES_PEER_ARGS:-} > "$FD/python-files.log" 2>&1 || { fail=1; note "FILES PEER FAILED"; }
   cat "$FD/python-files.log" | tee -a "$R/logs/summary.log"
   rm -rf "$scratch"

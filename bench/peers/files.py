@@ -10,7 +10,8 @@ KvikIO, in one process, one run, on the same files (4 GiB by default).
   * torch:       torch.load(map_location="cuda") of the same tensors
   * safetensors: gpufeed.load_safetensors  vs
                  safetensors.torch.load_file(device="cuda") (8 tensors)
-Warm: the file in the page cache (read once before). Cold: its pages
+--formats picks which of the four run (`--formats raw --bytes 4294967296`:
+one 4 GiB file, the raw rows alone). Warm: the file in the page cache (read once before). Cold: its pages
 evicted first with posix_fadvise(POSIX_FADV_DONTNEED) (after os.sync; the
 eviction checked once by timing a plain read of 256 MiB right after it),
 --cold-reps runs. The disk's own rate in the same run: dd iflag=direct
@@ -113,9 +114,12 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="warm runs of the fast idioms")
     p.add_argument("--slow-reps", type=int, default=2, help="warm runs of np.load / torch.load / load_file")
     p.add_argument("--cold-reps", type=int, default=1)
+    p.add_argument("--formats", default="raw,npy,torch,safetensors",
+                   help="comma-separated: which of raw, npy, torch, safetensors to run (raw alone writes one file)")
     p.add_argument("--dir", default=os.environ.get("FILES_DIR", "/tmp/gpufeed-files"))
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    formats = set(args.formats.split(","))
     t_start = time.perf_counter()
     import torch
 
@@ -155,11 +159,13 @@ def main():
     views = {k: a[i * per:(i + 1) * per].reshape(-1, 1024) if per % 1024 == 0 else a[i * per:(i + 1) * per]
              for i, k in enumerate(names)}
     sft = os.path.join(args.dir, "a.safetensors")
-    write_safetensors(sft, views)
+    if "safetensors" in formats:
+        write_safetensors(sft, views)
     pt = os.path.join(args.dir, "a.pt")
     # Separate tensors, as a model's state dict holds them (views of one array would be saved
     # as one storage).
-    torch.save({k: torch.from_numpy(v).clone() for k, v in views.items()}, pt)
+    if "torch" in formats:
+        torch.save({k: torch.from_numpy(v).clone() for k, v in views.items()}, pt)
     want_parts = {k: want[i * per:(i + 1) * per] for i, k in enumerate(names)}
     st_bytes = per * parts * 4
     os.sync()
@@ -262,23 +268,26 @@ def main():
         lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, caches=("warm",))
 
     # npy
-    run("npy", "np.load + torch .cuda()", lambda: torch.from_numpy(np.load(npy)).cuda(),
-        lambda t: same(t, want), npy, nbytes, args.slow_reps)
-    run("npy", "gpufeed.load", lambda: gpufeed.load(npy, dev),
-        lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one,
-        mode=npy_mode)
+    if "npy" in formats:
+        run("npy", "np.load + torch .cuda()", lambda: torch.from_numpy(np.load(npy)).cuda(),
+            lambda t: same(t, want), npy, nbytes, args.slow_reps)
+        run("npy", "gpufeed.load", lambda: gpufeed.load(npy, dev),
+            lambda d: same(torch.from_dlpack(d), want), npy, nbytes, args.reps, host_check=host_check_one,
+            mode=npy_mode)
 
     # torch.load of the same tensors
-    run("torch", "torch.load(map_location=cuda)", lambda: torch.load(pt, map_location="cuda"),
-        lambda d: all(same(d[k], want_parts[k]) for k in names), pt, st_bytes, args.slow_reps)
+    if "torch" in formats:
+        run("torch", "torch.load(map_location=cuda)", lambda: torch.load(pt, map_location="cuda"),
+            lambda d: all(same(d[k], want_parts[k]) for k in names), pt, st_bytes, args.slow_reps)
 
     # safetensors
-    if st is not None:
-        run("safetensors", "safetensors.torch.load_file(cuda)", lambda: st.load_file(sft, device="cuda"),
-            lambda d: all(same(d[k], want_parts[k]) for k in names), sft, st_bytes, args.slow_reps)
-    run("safetensors", "gpufeed.load_safetensors", lambda: gpufeed.load_safetensors(sft, dev),
-        lambda d: all(same(torch.from_dlpack(d[k]), want_parts[k]) for k in names), sft, st_bytes, args.reps,
-        host_check=host_check_parts, mode=lambda: gpufeed.file_read_mode(sft, device=dev))
+    if "safetensors" in formats:
+        if st is not None:
+            run("safetensors", "safetensors.torch.load_file(cuda)", lambda: st.load_file(sft, device="cuda"),
+                lambda d: all(same(d[k], want_parts[k]) for k in names), sft, st_bytes, args.slow_reps)
+        run("safetensors", "gpufeed.load_safetensors", lambda: gpufeed.load_safetensors(sft, dev),
+            lambda d: all(same(torch.from_dlpack(d[k]), want_parts[k]) for k in names), sft, st_bytes, args.reps,
+            host_check=host_check_parts, mode=lambda: gpufeed.file_read_mode(sft, device=dev))
 
     evict(npy)
     disk_runs.append(dd_direct_gbps(npy))
@@ -317,13 +326,14 @@ def main():
     with open(args.out, "w") as f:
         modes = {f"{r['format']} {r['cache']} {r['idiom']}": r["mode"] for r in rows if r["mode"]}
         print(f"gpufeed's automatic choice: {modes}")
-        json.dump({"gpu": smi, "bytes": nbytes, "rows": rows, "disk_direct_gbps": disk, "disk_direct_runs": disk_runs,
+        json.dump({"gpu": smi, "bytes": nbytes, "formats": sorted(formats), "rows": rows, "disk_direct_gbps": disk, "disk_direct_runs": disk_runs,
                    "modes": modes, "ratios": ratios,
                    "kvikio": getattr(kvikio, "__version__", None), "gds": gds, "evict_check": evict_check,
                    "safetensors": getattr(st, "__name__", None), "seconds": time.perf_counter() - t_start},
                   f, indent=1)
     for path in [npy, sft, pt]:
-        os.remove(path)
+        if os.path.exists(path):
+            os.remove(path)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0 if ok_all else 1
 
