@@ -40,8 +40,14 @@ fn dropping_pipeline_runs_and_jobs_at_random_points_loses_nothing(device: host::
     let stream = Stream::new(&device).unwrap();
     let t0 = Instant::now();
     let (mut dropped, mut verified) = (0, 0);
+    // Sizes on the CPU emulation a quarter of the GPU's: the chunking (1-8
+    // chunks) and the drop points are the same, valgrind's time a quarter.
+    let max_n = match device.kind() {
+        host::BackendKind::Cpu => 50_000,
+        _ => 200_000,
+    };
     for round in 0..300 {
-        let n = rng.usize(1..200_000);
+        let n = rng.usize(1..max_n);
         let data = random(&mut rng, n);
         let mut input = pool.alloc::<f32>(n).unwrap();
         input.as_mut_slice().copy_from_slice(&data);
@@ -192,6 +198,10 @@ fn pipeline_runs_started_from_many_tasks_at_once_all_verify(device: host::Device
         .unwrap();
     let pool = PinnedPool::new(&device);
     let pipe = std::sync::Arc::new(Pipeline::new(&device, 4).unwrap());
+    let max_n = match device.kind() {
+        host::BackendKind::Cpu => 40_000,
+        _ => 120_000,
+    };
     rt.block_on(async {
         let mut tasks = Vec::new();
         for t in 0..8u64 {
@@ -199,8 +209,9 @@ fn pipeline_runs_started_from_many_tasks_at_once_all_verify(device: host::Device
             tasks.push(tokio::spawn(async move {
                 let mut rng = fastrand::Rng::with_seed(t);
                 for round in 0..20 {
-                    // Different sizes make the pipeline replace its scratch too.
-                    let n = rng.usize(10_000..120_000);
+                    // Different sizes make the pipeline replace its scratch too
+                    // (a third as large on the CPU emulation: valgrind's time).
+                    let n = rng.usize(10_000..max_n);
                     let mut input = pool.alloc::<f32>(n).unwrap();
                     input.as_mut_slice().copy_from_slice(&random(&mut rng, n));
                     let output = pool.alloc::<f32>(n).unwrap();
