@@ -447,3 +447,61 @@ def test_a_save_that_runs_out_of_space_raises_and_leaves_no_file(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["OSError", "27", "OSError", "27", "ok"], r.stdout  # EFBIG
+
+
+def test_a_file_that_shrinks_during_the_read_raises_and_the_device_stays_usable(device, tmp_path):
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 1 << 63, size=(150 << 20) // 8, dtype=np.uint64)  # 150 MiB: 3 ranges
+    path = tmp_path / "shrinks.npy"
+
+    def cut(done, total):
+        if done == 64 << 20:
+            os.truncate(path, 100 << 20)  # the next range runs past the new end
+
+    for call in (lambda: gpufeed.load(path, device, progress=cut),
+                 lambda: gpufeed.read_file(path, "uint8", device=device, progress=cut)):
+        np.save(path, a)
+        with pytest.raises(OSError, match="shrank during the read"):
+            call()
+        assert os.path.getsize(path) == 100 << 20  # the cut happened mid-read
+    small = a[:1000]
+    assert np.array_equal(host_copy(gpufeed.to_device(small, device)), small)
+
+
+def test_a_file_without_read_permission_raises_permission_error(device, tmp_path):
+    # Root reads anything: the check runs in a child process that becomes
+    # `nobody` (uid 65534) when started as root, after its imports.
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    d = tempfile.mkdtemp()
+    try:
+        os.chmod(d, 0o755)
+        p = os.path.join(d, "secret.npy")
+        np.save(p, np.arange(10, dtype=np.float32))
+        os.chmod(p, 0)
+        code = textwrap.dedent(f"""
+            import os, sys
+            import numpy as np, gpufeed
+            dev = gpufeed.default_device()
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            for call in (lambda: gpufeed.load({p!r}, dev),
+                         lambda: gpufeed.read_file({p!r}, "uint8", device=dev),
+                         lambda: gpufeed.load_safetensors({p!r}, dev)):
+                try:
+                    call()
+                except PermissionError as e:
+                    print("PermissionError", e.errno)
+                else:
+                    sys.exit("read a file without permission")
+            print("ok")
+        """)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.split() == ["PermissionError", "13"] * 3 + ["ok"], r.stdout  # EACCES
+    finally:
+        shutil.rmtree(d)
