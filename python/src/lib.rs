@@ -145,8 +145,6 @@ pub fn out_of_memory_error(py: Python<'_>) -> PyResult<&Bound<'_, pyo3::types::P
         .map(|t| t.bind(py))
 }
 
-/// A `host::Error` as the Python exception of its variant, with its text
-/// and `kind` (the variant's name).
 /// An `OSError` for `io` with the message `text`: `OSError(errno, text)`
 /// where the error has an errno (Python picks the subclass and sets
 /// `errno`), else the subclass of its kind.
@@ -157,6 +155,8 @@ pub(crate) fn os_error(io: &std::io::Error, text: String) -> PyErr {
     }
 }
 
+/// A `host::Error` as the Python exception of its variant, with its text
+/// and `kind` (the variant's name).
 pub fn to_py(e: host::Error) -> PyErr {
     use host::Error as E;
     let text = e.to_string();
