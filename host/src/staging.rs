@@ -1183,6 +1183,9 @@ impl<'a> StagedCopy<'a> {
     /// Sends `block` (filled for H2D) or fetches into it (D2H), for the
     /// piece at `self.next`, and records its completion.
     fn issue(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
+        if let Dir::FileIn { .. } = self.dir {
+            return self.issue_file(block, skew, len);
+        }
         let off = self.next;
         let dev = self.dev + off as u64;
         // Our own handle: the stream stays borrowed while `self` moves on.
@@ -1193,9 +1196,6 @@ impl<'a> StagedCopy<'a> {
             &engine.d2h
         };
         let raw = stream.raw();
-        if let Dir::FileIn { .. } = self.dir {
-            return self.issue_file(block, skew, len);
-        }
         // SAFETY: the block is pinned memory of the engine, held in `ring`
         // (or deferred to the ring) until the completion recorded after the
         // DMA fires; `skew + len` lies within it (`fill` returned `skew` for
@@ -1213,7 +1213,7 @@ impl<'a> StagedCopy<'a> {
             self.engine.give_back(block);
             return Err(e);
         }
-        let done = self.ring_block(raw, block, off, len)?;
+        let done = self.ring_block(raw, block, len)?;
         if let Some(f) = self.in_flight {
             f.push(done);
         }
@@ -1221,17 +1221,17 @@ impl<'a> StagedCopy<'a> {
     }
 
     /// Records, on `raw`, the completion of the DMAs just issued from
-    /// `block` for the `len` bytes at `off` (= `self.next`), puts the block
-    /// in the ring until it fires and moves on past them; returns the
-    /// completion for the buffers to note. A failed record leaks the block:
-    /// the DMAs' end can't be observed, so it is never reused.
+    /// `block` for the `len` bytes at `self.next`, puts the block in the
+    /// ring until it fires and moves on past them; returns the completion
+    /// for the buffers to note. A failed record leaks the block: the DMAs'
+    /// end can't be observed, so it is never reused.
     fn ring_block(
         &mut self,
         raw: &dyn crate::backend::RawStream,
         block: PooledBuffer<u8>,
-        off: usize,
         len: usize,
     ) -> Result<Completion> {
+        let off = self.next;
         match raw.record(false) {
             Ok(ev) => {
                 self.ring.push_back(Slot {
@@ -1288,7 +1288,7 @@ impl<'a> StagedCopy<'a> {
             self.engine.give_back(block);
             return issued;
         }
-        let done = self.ring_block(raw, block, off, len)?;
+        let done = self.ring_block(raw, block, len)?;
         for &i in &touched {
             self.segs[i].in_flight.push(done.clone());
         }
