@@ -9,6 +9,11 @@
 //! sources that differ in every word, so a destination still holding the
 //! run before's data (an element skipped) is caught, and host destinations
 //! are poisoned before each run.
+//!
+//! The routes of one size and direction take turns run by run (each
+//! run's order rotated by one), so a change in the machine's speed during
+//! the measurement (this VM's staged figures swing by up to half between
+//! runs) falls on every route alike rather than on whichever ran then.
 
 use super::fmt::size;
 use super::plots;
@@ -318,46 +323,104 @@ struct Case<'a> {
     reps: usize,
 }
 
-impl Case<'_> {
+/// One run of a case: its time, CPU time and whether it was right.
+struct Once<'a> {
+    case: &'a Case<'a>,
+    /// Run 0 is the untimed warm-up; runs alternate between the sources.
+    rep: usize,
+}
+
+impl Timed {
+    fn new() -> Timed {
+        Timed {
+            secs: vec![],
+            cpu: 0.0,
+            verified: true,
+        }
+    }
+
+    /// Notes run `rep` (the warm-up, run 0, only for its check).
+    fn note(&mut self, rep: usize, secs: f64, cpu: f64, ok: bool) {
+        self.verified &= ok;
+        if rep > 0 {
+            self.secs.push(secs);
+            self.cpu += cpu;
+        }
+    }
+}
+
+impl Once<'_> {
     /// Host to device: `copy(src, bufs)` is timed; the device is checked
-    /// after every run (runs alternate sources that differ everywhere).
+    /// after the run (runs alternate sources that differ everywhere).
     /// `prep` says where the source must be before the timer starts.
+    fn h2d(
+        &self,
+        mut bufs: Bufs,
+        prep: Prep,
+        t: &mut Timed,
+        copy: impl FnOnce(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
+    ) -> host::Result<Bufs> {
+        let c = self.case;
+        let src = c.src.get(self.rep, c.n);
+        let mut own = Vec::new();
+        settle();
+        match prep {
+            Prep::Nothing => {}
+            Prep::OwnVec => own = src.to_vec(),
+            Prep::Pinned => bufs.pinned.as_mut_slice().copy_from_slice(src),
+        }
+        let (c0, t0) = (cpu_seconds(), Instant::now());
+        bufs = copy(src, &mut own, bufs)?;
+        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        let (bufs, ok) = bufs.check(c.stream, src)?;
+        t.note(self.rep, secs, cpu, ok);
+        Ok(bufs)
+    }
+
+    /// Device to host into `out` (the user's array, poisoned before the
+    /// run, as is the pinned buffer).
+    fn d2h(
+        &self,
+        mut bufs: Bufs,
+        out: &mut Vec<u32>,
+        lands: Lands,
+        t: &mut Timed,
+        copy: impl FnOnce(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
+    ) -> host::Result<Bufs> {
+        let c = self.case;
+        let src = c.src.get(self.rep, c.n);
+        bufs = bufs.upload(c.stream, src)?;
+        out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
+        bufs.pinned.as_mut_slice().fill(POISON);
+        settle();
+        let (c0, t0) = (cpu_seconds(), Instant::now());
+        bufs = copy(out, bufs)?;
+        let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+        let ok = match lands {
+            Lands::Out => same(out, src),
+            Lands::Pinned => same(bufs.pinned.as_slice(), src),
+        };
+        t.note(self.rep, secs, cpu, ok);
+        Ok(bufs)
+    }
+}
+
+impl Case<'_> {
+    /// Every run of one route, host to device (see [`Once::h2d`]).
     fn h2d(
         &self,
         mut bufs: Bufs,
         prep: Prep,
         mut copy: impl FnMut(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
     ) -> host::Result<(Bufs, Timed)> {
-        let mut t = Timed {
-            secs: vec![],
-            cpu: 0.0,
-            verified: true,
-        };
+        let mut t = Timed::new();
         for rep in 0..=self.reps {
-            let src = self.src.get(rep, self.n);
-            let mut own = Vec::new();
-            settle();
-            match prep {
-                Prep::Nothing => {}
-                Prep::OwnVec => own = src.to_vec(),
-                Prep::Pinned => bufs.pinned.as_mut_slice().copy_from_slice(src),
-            }
-            let (c0, t0) = (cpu_seconds(), Instant::now());
-            bufs = copy(src, &mut own, bufs)?;
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
-            let (b, ok) = bufs.check(self.stream, src)?;
-            bufs = b;
-            t.verified &= ok;
-            if rep > 0 {
-                t.secs.push(secs);
-                t.cpu += cpu;
-            }
+            bufs = Once { case: self, rep }.h2d(bufs, prep, &mut t, &mut copy)?;
         }
         Ok((bufs, t))
     }
 
-    /// Device to host into `out` (the user's array, poisoned before every
-    /// run, as is the pinned buffer).
+    /// Every run of one route, device to host (see [`Once::d2h`]).
     fn d2h(
         &self,
         mut bufs: Bufs,
@@ -365,28 +428,9 @@ impl Case<'_> {
         lands: Lands,
         mut copy: impl FnMut(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
     ) -> host::Result<(Bufs, Timed)> {
-        let mut t = Timed {
-            secs: vec![],
-            cpu: 0.0,
-            verified: true,
-        };
+        let mut t = Timed::new();
         for rep in 0..=self.reps {
-            let src = self.src.get(rep, self.n);
-            bufs = bufs.upload(self.stream, src)?;
-            out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
-            bufs.pinned.as_mut_slice().fill(POISON);
-            settle();
-            let (c0, t0) = (cpu_seconds(), Instant::now());
-            bufs = copy(out, bufs)?;
-            let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
-            t.verified &= match lands {
-                Lands::Out => same(out, src),
-                Lands::Pinned => same(bufs.pinned.as_slice(), src),
-            };
-            if rep > 0 {
-                t.secs.push(secs);
-                t.cpu += cpu;
-            }
+            bufs = Once { case: self, rep }.d2h(bufs, out, lands, &mut t, &mut copy)?;
         }
         Ok((bufs, t))
     }
@@ -510,29 +554,43 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         };
         let mut user_out = vec![0u32; n];
         for dir in ["h2d", "d2h"] {
-            let mut line = String::new();
-            for path in PATHS {
-                let (b, t) = if dir == "h2d" {
-                    let prep = match path {
-                        Path4::RegisterCopy => Prep::OwnVec,
-                        Path4::Pinned => Prep::Pinned,
-                        _ => Prep::Nothing,
-                    };
-                    case(path).h2d(bufs, prep, |s, own, b| {
-                        h2d_by(path, device, &stream, &engines, s, own, b)
-                    })?
-                } else {
-                    let lands = if path == Path4::Pinned {
-                        Lands::Pinned
+            // The routes take turns run by run (each run's order rotated),
+            // so a drift in the machine's speed hits them alike.
+            let cases: Vec<Case> = PATHS.iter().map(|&p| case(p)).collect();
+            let mut timed: Vec<Timed> = PATHS.iter().map(|_| Timed::new()).collect();
+            let most = cases.iter().map(|c| c.reps).max().unwrap_or(0);
+            for rep in 0..=most {
+                for k in 0..PATHS.len() {
+                    let i = (k + rep) % PATHS.len();
+                    let (path, c) = (PATHS[i], &cases[i]);
+                    if rep > c.reps {
+                        continue;
+                    }
+                    let once = Once { case: c, rep };
+                    bufs = if dir == "h2d" {
+                        let prep = match path {
+                            Path4::RegisterCopy => Prep::OwnVec,
+                            Path4::Pinned => Prep::Pinned,
+                            _ => Prep::Nothing,
+                        };
+                        once.h2d(bufs, prep, &mut timed[i], |s, own, b| {
+                            h2d_by(path, device, &stream, &engines, s, own, b)
+                        })?
                     } else {
-                        Lands::Out
+                        let lands = if path == Path4::Pinned {
+                            Lands::Pinned
+                        } else {
+                            Lands::Out
+                        };
+                        once.d2h(bufs, &mut user_out, lands, &mut timed[i], |o, b| {
+                            d2h_by(path, device, &stream, &engines, o, b)
+                        })?
                     };
-                    case(path).d2h(bufs, &mut user_out, lands, |o, b| {
-                        d2h_by(path, device, &stream, &engines, o, b)
-                    })?
-                };
-                bufs = b;
-                let row = t.row(bytes, path, dir);
+                }
+            }
+            let mut line = String::new();
+            for (path, t) in PATHS.iter().zip(&timed) {
+                let row = t.row(bytes, *path, dir);
                 let mark = if row.verified { ' ' } else { '!' };
                 line.push_str(&format!(" {:>8.2}{mark}", row.gbps));
                 rows.push(row);
