@@ -70,6 +70,10 @@ enum Cmd {
         /// Timed epochs per batch size.
         #[arg(long)]
         reps: Option<usize>,
+        /// Batch sizes in bytes, comma-separated (default: 1, 8, 16 and
+        /// 64 MiB on a GPU, 1 MiB on the CPU emulation).
+        #[arg(long, value_delimiter = ',')]
+        batch_bytes: Option<Vec<usize>>,
     },
     /// A file to the device through the staging ring, warm (page cache)
     /// and cold (evicted; O_DIRECT and buffered), every byte checked,
@@ -268,9 +272,14 @@ fn run(cli: Cli) -> host::Result<()> {
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
             demo::staging::run(&device, &c, &out).map(|_| ())
         }
-        Cmd::Loader { small, reps } => {
+        Cmd::Loader {
+            small,
+            reps,
+            batch_bytes,
+        } => {
             let mut c = demo::loader::Config::for_device(&device, small);
             c.reps = reps.unwrap_or(c.reps).max(1);
+            c.batch_bytes = batch_bytes.unwrap_or(c.batch_bytes);
             demo::loader::run(&device, &c, &out).map(|_| ())
         }
         Cmd::Files {
