@@ -38,7 +38,7 @@
 #                                   test_loader.py, bench/peers/loader.py, examples/train.py
 #   bash bench/gpu-round.sh measure the staging round's measurements alone (no tests, no sanitizer):
 #                                   `host staging` and the Python peer (`host files` and the files
-#                                   peer with FILES=1)
+#                                   peer with FILES=1; the zero-copy gather probe with ZERO_COPY=1)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -117,6 +117,14 @@ if [ "$mode" = measure ] && [ "${LOADER:-0}" = 1 ]; then
   save
   PYTHONPATH="$site" timeout 150 python3 python/examples/train.py ${TRAIN_ARGS:-} > "$L/train.log" 2>&1 || { fail=1; note "TRAINING DEMONSTRATION FAILED"; }
   tail -3 "$L/train.log" | tee -a "$R/logs/summary.log"
+  save
+fi
+
+if [ "$mode" = measure ] && [ "${ZERO_COPY:-0}" = 1 ]; then
+  Z="$R/zero_copy"; mkdir -p "$Z"
+  note "zero-copy gather probe: load forms against the pinned DMA (CuPy)"
+  PYTHONPATH="$site" timeout 120 python3 bench/peers/zero_copy.py --out "$Z/zero_copy.json" > "$Z/zero_copy.log" 2>&1 || { fail=1; note "ZERO-COPY PROBE FAILED"; }
+  cat "$Z/zero_copy.log" | tee -a "$R/logs/summary.log"
   save
 fi
 
