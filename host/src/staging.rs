@@ -16,10 +16,7 @@
 //!   between blocks while a copy streams and park 2 ms after the last;
 //! - the DMA of block *b* runs while the workers fill block *b + 1*
 //!   (host-to-device), or copy block *b* out while the DMAs of the next
-//!   blocks run (device-to-host), on the engine's own two streams;
-//! - the first pieces of a copy are short (an eighth of a block, growing
-//!   to a whole one) and so are its last, so the host copy or DMA that
-//!   nothing overlaps at either end is short ([`ramped_piece`]).
+//!   blocks run (device-to-host), on the engine's own two streams.
 //!
 //! # Which route a copy takes
 //! [`Route::Auto`] (the default) sends a small copy straight to the driver
@@ -1012,9 +1009,10 @@ impl<'a> StagedCopy<'a> {
         plans
     }
 
-    /// Bytes of the next block of a copy of host memory ([`ramped_piece`]).
+    /// Bytes of the next block of a copy of host memory: a whole block or
+    /// the rest.
     fn piece_len(&self) -> usize {
-        ramped_piece(self.next, self.total, self.engine.config.block_bytes)
+        (self.total - self.next).min(self.engine.config.block_bytes)
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -1378,6 +1376,7 @@ impl<'a> StagedCopy<'a> {
     }
 
     fn poll_d2h(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let block_bytes = self.engine.config.block_bytes;
         loop {
             // Fetch ahead into every block at hand.
             while self.next < self.total && self.ring.len() < self.engine.config.blocks {
@@ -1391,7 +1390,7 @@ impl<'a> StagedCopy<'a> {
                     Ok(None) => break,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let len = self.piece_len();
+                let len = (self.total - self.next).min(block_bytes);
                 if let Err(e) = self.issue(block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
@@ -1418,7 +1417,7 @@ impl<'a> StagedCopy<'a> {
                 return Poll::Ready(Err(e));
             }
             if self.next < self.total {
-                let len = self.piece_len();
+                let len = (self.total - self.next).min(block_bytes);
                 if let Err(e) = self.issue(slot.block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
@@ -1427,24 +1426,6 @@ impl<'a> StagedCopy<'a> {
             }
         }
     }
-}
-
-/// The smallest piece of a ramp is this fraction of a block.
-const RAMP_STEPS: usize = 8;
-
-/// Bytes of the piece at offset `next` of a staged copy of `total` bytes
-/// through blocks of `block` bytes. Nothing overlaps the first piece's
-/// host copy (host-to-device) or DMA (device-to-host), nor the last piece's
-/// DMA or host copy: so pieces ramp up from an eighth of a block, each as
-/// large as all before it (1, 1, 2, 4, 8 MiB with 8 MiB blocks), and down
-/// again by halves at the end; whole blocks in between. Pieces are
-/// multiples of 4 KiB but for the last.
-pub(crate) fn ramped_piece(next: usize, total: usize, block: usize) -> usize {
-    let left = total.saturating_sub(next);
-    let small = (block / RAMP_STEPS).next_multiple_of(4096).min(block);
-    let head = next.max(small);
-    let tail = left.div_ceil(2).next_multiple_of(4096).max(small);
-    block.min(head).min(tail).min(left)
 }
 
 impl Future for StagedCopy<'_> {
@@ -1491,59 +1472,6 @@ impl Drop for StagedCopy<'_> {
         // Blocks taken for a fill that never ran: no DMA on them.
         for b in std::mem::take(&mut self.filling) {
             self.engine.give_back(b);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ramped_piece;
-
-    /// The pieces of a copy, in order.
-    fn pieces(total: usize, block: usize) -> Vec<usize> {
-        let (mut next, mut out) = (0, vec![]);
-        while next < total {
-            let p = ramped_piece(next, total, block);
-            assert!(p > 0, "an empty piece at {next} of {total}");
-            out.push(p);
-            next += p;
-        }
-        out
-    }
-
-    #[test]
-    fn pieces_ramp_up_from_an_eighth_of_a_block_and_down_again_at_the_end() {
-        const M: usize = 1 << 20;
-        let p = pieces(64 * M, 8 * M);
-        assert_eq!(&p[..5], &[M, M, 2 * M, 4 * M, 8 * M], "{p:?}");
-        assert_eq!(&p[p.len() - 4..], &[4 * M, 2 * M, M, M], "{p:?}");
-        assert!(p[4..p.len() - 4].iter().all(|&x| x == 8 * M), "{p:?}");
-    }
-
-    #[test]
-    fn pieces_cover_every_byte_once_within_a_block_on_4k_boundaries() {
-        for block in [4096, 12288, 1 << 20, (8 << 20) + 4096] {
-            for total in [
-                0,
-                1,
-                4095,
-                4097,
-                block - 1,
-                block,
-                block + 1,
-                3 * block + 77,
-                40 * block,
-            ] {
-                let p = pieces(total, block);
-                assert_eq!(
-                    p.iter().sum::<usize>(),
-                    total,
-                    "block {block} total {total}"
-                );
-                assert!(p.iter().all(|&x| x <= block), "{p:?}");
-                let n = p.len().saturating_sub(1);
-                assert!(p[..n].iter().all(|x| x % 4096 == 0), "{p:?}");
-            }
         }
     }
 }
