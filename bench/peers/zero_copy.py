@@ -75,7 +75,12 @@ def main():
     host = rng.integers(0, 2**32, size=nbytes // 4, dtype=np.uint32)
     flags = 2 | 8  # cudaHostRegisterMapped | cudaHostRegisterReadOnly
     cp.cuda.runtime.hostRegister(host.ctypes.data, nbytes, flags)
-    mapped = cp.cuda.runtime.hostGetDevicePointer(host.ctypes.data, 0)
+    # With unified addressing (every 64-bit Linux GPU since Pascal, where
+    # canUseHostPointerForRegisteredMem is 1) the registered host address is
+    # the device address.
+    assert cp.cuda.runtime.deviceGetAttribute(
+        cp.cuda.runtime.cudaDevAttrCanUseHostPointerForRegisteredMem, 0) == 1
+    mapped = host.ctypes.data
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]

@@ -59,6 +59,10 @@ enum Cmd {
         /// Size of the shape sweep in bytes (0: none).
         #[arg(long)]
         sweep_bytes: Option<usize>,
+        /// Milliseconds of idle before each timed run (default 10: the
+        /// engine's workers, which spin 2 ms after a copy, are parked).
+        #[arg(long)]
+        settle_ms: Option<u64>,
     },
     /// Shuffled rows of a Vec gathered into batches on the device by the
     /// Loader, every batch of a first epoch checked, against the pinned
@@ -265,8 +269,10 @@ fn run(cli: Cli) -> host::Result<()> {
             sizes,
             reps,
             sweep_bytes,
+            settle_ms,
         } => {
             let mut c = demo::staging::Config::for_device(&device, false);
+            c.settle_ms = settle_ms.unwrap_or(c.settle_ms);
             c.sizes = sizes.unwrap_or(c.sizes);
             c.reps = reps.unwrap_or(c.reps).max(1);
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);

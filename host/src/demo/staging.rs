@@ -40,6 +40,8 @@ pub struct Config {
     /// Size at which the engine's shape is swept (0: no sweep).
     pub sweep_bytes: usize,
     pub sweep_reps: usize,
+    /// Milliseconds of idle before each timed run (10: the workers parked).
+    pub settle_ms: u64,
 }
 
 impl Config {
@@ -51,6 +53,7 @@ impl Config {
                 slow_reps: 3,
                 sweep_bytes: 16 << 20,
                 sweep_reps: 2,
+                settle_ms: 10,
             }
         } else {
             Config {
@@ -62,6 +65,7 @@ impl Config {
                 slow_reps: 3,
                 sweep_bytes: 1 << 30,
                 sweep_reps: 3,
+                settle_ms: 10,
             }
         }
     }
@@ -117,6 +121,8 @@ pub struct Results {
     /// Threads the engine uses (workers plus the polling thread).
     pub threads_used: usize,
     pub rows: Vec<Row>,
+    /// Milliseconds of idle before each timed run.
+    pub settle_ms: u64,
     pub sweep_bytes: usize,
     pub sweep: Vec<SweepRow>,
     /// CPU milliseconds the whole process used over 500 ms with no copy in
@@ -167,9 +173,13 @@ impl From<StagingConfig> for ConfigJson {
 
 /// Lets the checker's own threads (rayon's, which spin a while after their
 /// work) go idle before a timed run, so the run measures the engine, not a
-/// fight for cores with the bench.
-fn settle() {
-    std::thread::sleep(std::time::Duration::from_millis(10));
+/// fight for cores with the bench: `ms` milliseconds (10 by default). The
+/// engine's workers park then too (they spin 2 ms after a copy): each run
+/// starts as a copy after idle does.
+fn settle(ms: u64) {
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// CPU seconds (user + system) this process has used.
@@ -321,6 +331,7 @@ struct Case<'a> {
     src: &'a Sources,
     n: usize,
     reps: usize,
+    settle_ms: u64,
 }
 
 /// One run of a case: its time, CPU time and whether it was right.
@@ -363,7 +374,7 @@ impl Once<'_> {
         let c = self.case;
         let src = c.src.get(self.rep, c.n);
         let mut own = Vec::new();
-        settle();
+        settle(c.settle_ms);
         match prep {
             Prep::Nothing => {}
             Prep::OwnVec => own = src.to_vec(),
@@ -392,7 +403,7 @@ impl Once<'_> {
         bufs = bufs.upload(c.stream, src)?;
         out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
         bufs.pinned.as_mut_slice().fill(POISON);
-        settle();
+        settle(c.settle_ms);
         let (c0, t0) = (cpu_seconds(), Instant::now());
         bufs = copy(out, bufs)?;
         let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
@@ -543,6 +554,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             stream: &stream,
             src: &src,
             n,
+            settle_ms: config.settle_ms,
             reps: match path {
                 Path4::Pageable | Path4::RegisterCopy if bytes >= 256 << 20 => config.slow_reps,
                 _ => config.reps,
@@ -620,6 +632,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         default_config: default.into(),
         threads_used: default.threads + 1,
         rows,
+        settle_ms: config.settle_ms,
         sweep_bytes: config.sweep_bytes,
         sweep,
         idle_cpu_ms,
@@ -668,7 +681,7 @@ fn pipeline_row(
     let (mut slices, mut pinned, mut verified) = (vec![], vec![], true);
     for rep in 0..=config.reps {
         y.par_chunks_mut(1 << 16).for_each(|c| c.fill(f32::NAN));
-        settle();
+        settle(config.settle_ms);
         let t0 = Instant::now();
         host::block_on(pipe.run_slices(&staging, &x, &mut y, |c, chunk| {
             c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)?;
@@ -681,7 +694,7 @@ fn pipeline_row(
             .as_mut_slice()
             .par_chunks_mut(1 << 16)
             .for_each(|c| c.fill(f32::NAN));
-        settle();
+        settle(config.settle_ms);
         let t1 = Instant::now();
         let ((px, py), _) = host::block_on(pipe.run(
             pin_x,
@@ -747,6 +760,7 @@ fn sweep(
         src,
         n,
         reps: config.sweep_reps,
+        settle_ms: config.settle_ms,
     };
     let mut bufs = Bufs {
         pinned: pool.alloc::<u32>(n)?,
