@@ -5,6 +5,11 @@
 //! - The rows of a batch are gathered by the staging workers' threads
 //!   (each thread a slice of the batch's bytes) into a pinned block, and
 //!   the block is sent with one DMA per field on the loader's own stream.
+//! - Where every field is pinned in place ([`RowSource::registered`]) a
+//!   kernel gathers the rows on the device instead, reading them where they
+//!   are; batches alternate between two streams of the loader's, so one
+//!   batch's indices go up and its kernel starts while the one before it is
+//!   still finishing ([`Gather::Device`]).
 //! - [`LoaderConfig::prefetch`] batches are in flight at once, also while
 //!   the batch just handed out is used (taking a batch issues the next):
 //!   the gather of batch *k + 1* runs while the DMA of batch *k* does.
@@ -485,7 +490,9 @@ struct InFlightBatch<T: Pod> {
 /// ```
 pub struct Loader<'a, T: Pod> {
     device: Device,
-    stream: Stream,
+    /// Batch `k` runs on `streams[k % streams.len()]`: one stream for
+    /// gathers on the host, two for gathers on the device.
+    streams: Vec<Stream>,
     workers: crate::workers::CopyWorkers,
     pool: PinnedPool,
     fields: Vec<RowSource<'a>>,
@@ -514,9 +521,10 @@ pub struct Loader<'a, T: Pod> {
     gather: Gather,
     mapped: Vec<(u64, usize)>,
     gather_fn: Option<crate::kernel::Function<gpu_kernels::gather_rows>>,
-    /// The completion of the last batch issued (a device-gathering loader
-    /// waits for it before letting go of its sources).
-    last: Option<Completion>,
+    /// The completion of the last batch issued on each stream (a
+    /// device-gathering loader waits for them before letting go of its
+    /// sources).
+    last: Vec<Option<Completion>>,
 }
 
 /// Where a [`Loader`] gathers a batch's rows.
@@ -528,7 +536,9 @@ pub enum Gather {
     Host,
     /// On the device: a kernel reads the rows where they are (every field
     /// pinned in place: [`RowSource::registered`]) into the batch; the
-    /// host only sends the batch's indices.
+    /// host only sends the batch's indices. Batches alternate between two
+    /// streams, so the next batch's indices and kernel start while a
+    /// kernel's last reads finish.
     Device,
 }
 
@@ -631,9 +641,14 @@ impl<'a, T: Pod> Loader<'a, T> {
         let threads = if gather == Gather::Device { 0 } else { threads };
         let workers =
             crate::workers::CopyWorkers::start(threads, move || crate::numa::run_on_cpus(&cpus))?;
+        let streams = match gather {
+            Gather::Host => vec![Stream::new(device)?],
+            Gather::Device => vec![Stream::new(device)?, Stream::new(device)?],
+        };
         let mut loader = Loader {
             device: device.clone(),
-            stream: Stream::new(device)?,
+            last: vec![None; streams.len()],
+            streams,
             workers,
             pool: PinnedPool::near(device),
             fields,
@@ -652,7 +667,6 @@ impl<'a, T: Pod> Loader<'a, T> {
             gather,
             mapped,
             gather_fn,
-            last: None,
         };
         loader.start_epoch(0, 0);
         Ok(loader)
@@ -824,17 +838,19 @@ impl<'a, T: Pod> Loader<'a, T> {
             }
         }
         let gathered = std::time::Instant::now();
-        // Then the commands, and one event after them.
+        // Then the commands, and one event after them, on this batch's stream.
+        let on = self.next_issue % self.streams.len();
+        let stream = &self.streams[on];
         let issued = match &indices {
-            None => self.send_gathered(&block, &fields, n),
+            None => self.send_gathered(stream, &block, &fields, n),
             Some(idx) => {
                 bytes_sent = self.fields.iter().map(|f| n * f.row_bytes()).sum();
-                self.gather_on_device(&block, idx, &fields, n)
+                self.gather_on_device(stream, &block, idx, &fields, n)
             }
         };
         // Recorded even after a failed command: the ones issued before it
         // read the block and write the buffers until it fires.
-        let done = match self.stream.raw().record(false) {
+        let done = match stream.raw().record(false) {
             Ok(ev) => ev.completion,
             Err(e) => {
                 // The commands' end can't be observed: never reuse the
@@ -852,7 +868,7 @@ impl<'a, T: Pod> Loader<'a, T> {
         if let Some(idx) = &indices {
             idx.staging_parts().2.push(done.clone());
         }
-        self.last = Some(done.clone());
+        self.last[on] = Some(done.clone());
         if let Err(e) = issued {
             // The buffers' frees and the block's reuse wait for the event.
             self.give_back_when_done(block, &done);
@@ -878,9 +894,10 @@ impl<'a, T: Pod> Loader<'a, T> {
     }
 
     /// The DMAs of a batch gathered on the host: one per field, from its
-    /// part of `block` into its buffer.
+    /// part of `block` into its buffer, on `stream`.
     fn send_gathered(
         &self,
+        stream: &Stream,
         block: &PooledBuffer<u8>,
         fields: &[DeviceBuffer<T>],
         n: usize,
@@ -894,11 +911,7 @@ impl<'a, T: Pod> Loader<'a, T> {
                 // the completion recorded after this fires; the device range
                 // is the fresh buffer, whose in-flight record keeps its
                 // uses and its free behind the DMA.
-                unsafe {
-                    self.stream
-                        .raw()
-                        .copy_h2d(addr, block.ptr().add(off), bytes)?
-                };
+                unsafe { stream.raw().copy_h2d(addr, block.ptr().add(off), bytes)? };
             }
             off += bytes;
         }
@@ -907,9 +920,10 @@ impl<'a, T: Pod> Loader<'a, T> {
 
     /// A batch gathered on the device: its indices (in `block`) sent to
     /// `idx`, then one gather kernel per field reading the source where it
-    /// is (pinned in place and mapped) into the field's buffer.
+    /// is (pinned in place and mapped) into the field's buffer, on `stream`.
     fn gather_on_device(
         &self,
+        stream: &Stream,
         block: &PooledBuffer<u8>,
         idx: &DeviceBuffer<u64>,
         fields: &[DeviceBuffer<T>],
@@ -922,7 +936,7 @@ impl<'a, T: Pod> Loader<'a, T> {
         // SAFETY: the block is pinned memory of ours holding the n indices,
         // held until the completion recorded after this fires; `idx` is a
         // fresh buffer of n values, its free behind that completion.
-        unsafe { self.stream.raw().copy_h2d(idx_addr, block.ptr(), 8 * n)? };
+        unsafe { stream.raw().copy_h2d(idx_addr, block.ptr(), 8 * n)? };
         let Some(function) = &self.gather_fn else {
             return Err(Error::Internal(
                 "a device-gathering loader without its kernel".into(),
@@ -956,7 +970,7 @@ impl<'a, T: Pod> Loader<'a, T> {
                 )),
             };
             // SAFETY: as for the parameters above.
-            unsafe { self.stream.raw().launch(launch)? };
+            unsafe { stream.raw().launch(launch)? };
         }
         Ok(())
     }
@@ -1004,11 +1018,14 @@ impl<'a, T: Pod> Loader<'a, T> {
         }
     }
 
-    /// The loader's own stream, on which every batch's DMAs run (a
-    /// consumer on another stream orders its work after them, e.g. with
-    /// [`crate::interop::foreign_stream_wait`]).
-    pub fn stream(&self) -> &Stream {
-        &self.stream
+    /// The loader's own streams: batch `k` of an epoch's issue order runs
+    /// on `streams()[k % streams().len()]` (one stream when gathering on the
+    /// host, two on the device). A batch is yielded only once its commands
+    /// are done, so nothing needs ordering after them; a consumer may still
+    /// order work on another stream after them, e.g. with
+    /// [`crate::interop::foreign_stream_wait`].
+    pub fn streams(&self) -> &[Stream] {
+        &self.streams
     }
 }
 
@@ -1041,7 +1058,7 @@ impl<T: Pod> Drop for Loader<'_, T> {
         // `prefetch` batches' gathers; a failure there is the context's,
         // which ends every command of it.
         if self.gather == Gather::Device {
-            if let Some(last) = self.last.take() {
+            for last in self.last.iter_mut().filter_map(Option::take) {
                 let _ = last.block();
             }
         }
