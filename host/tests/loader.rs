@@ -304,10 +304,14 @@ fn a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place(devic
     ];
     let loader = Loader::<u32>::new(&device, mixed, config).unwrap();
     assert_eq!(loader.gather(), Gather::Host);
+    assert_eq!(loader.streams().len(), 1, "host gathers: one stream");
     drop(loader);
     let pinned = vec![RowSource::registered(pa.clone(), 4).unwrap()];
     let mut loader = Loader::<u32>::new(&device, pinned, config).unwrap();
     assert_eq!(loader.gather(), Gather::Device);
+    // Batches alternate between two streams, so a kernel starts while the
+    // one before it finishes.
+    assert_eq!(loader.streams().len(), 2, "device gathers: two streams");
     // Dropped with batches in flight: the source outlives their gathers
     // (the loader waits for them), and the guard is the caller's again.
     loader.start_epoch(0, 0);
