@@ -285,6 +285,23 @@ struct Timed {
 }
 
 impl Timed {
+    fn new() -> Timed {
+        Timed {
+            secs: vec![],
+            cpu: 0.0,
+            verified: true,
+        }
+    }
+
+    /// Notes run `rep` (the warm-up, run 0, only for its check).
+    fn note(&mut self, rep: usize, secs: f64, cpu: f64, ok: bool) {
+        self.verified &= ok;
+        if rep > 0 {
+            self.secs.push(secs);
+            self.cpu += cpu;
+        }
+    }
+
     fn row(&self, bytes: usize, path: Path4, dir: &'static str) -> Row {
         let gbps: Vec<f64> = self.secs.iter().map(|s| bytes as f64 / s / 1e9).collect();
         let (lo, hi) = gbps
@@ -334,47 +351,22 @@ struct Case<'a> {
     settle_ms: u64,
 }
 
-/// One run of a case: its time, CPU time and whether it was right.
-struct Once<'a> {
-    case: &'a Case<'a>,
-    /// Run 0 is the untimed warm-up; runs alternate between the sources.
-    rep: usize,
-}
-
-impl Timed {
-    fn new() -> Timed {
-        Timed {
-            secs: vec![],
-            cpu: 0.0,
-            verified: true,
-        }
-    }
-
-    /// Notes run `rep` (the warm-up, run 0, only for its check).
-    fn note(&mut self, rep: usize, secs: f64, cpu: f64, ok: bool) {
-        self.verified &= ok;
-        if rep > 0 {
-            self.secs.push(secs);
-            self.cpu += cpu;
-        }
-    }
-}
-
-impl Once<'_> {
-    /// Host to device: `copy(src, bufs)` is timed; the device is checked
-    /// after the run (runs alternate sources that differ everywhere).
-    /// `prep` says where the source must be before the timer starts.
-    fn h2d(
+impl Case<'_> {
+    /// Run `rep` host to device (run 0 the untimed warm-up; runs alternate
+    /// between the sources): `copy(src, bufs)` is timed; the device is
+    /// checked after the run (the sources differ everywhere). `prep` says
+    /// where the source must be before the timer starts.
+    fn h2d_run(
         &self,
+        rep: usize,
         mut bufs: Bufs,
         prep: Prep,
         t: &mut Timed,
         copy: impl FnOnce(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
     ) -> host::Result<Bufs> {
-        let c = self.case;
-        let src = c.src.get(self.rep, c.n);
+        let src = self.src.get(rep, self.n);
         let mut own = Vec::new();
-        settle(c.settle_ms);
+        settle(self.settle_ms);
         match prep {
             Prep::Nothing => {}
             Prep::OwnVec => own = src.to_vec(),
@@ -383,27 +375,27 @@ impl Once<'_> {
         let (c0, t0) = (cpu_seconds(), Instant::now());
         bufs = copy(src, &mut own, bufs)?;
         let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
-        let (bufs, ok) = bufs.check(c.stream, src)?;
-        t.note(self.rep, secs, cpu, ok);
+        let (bufs, ok) = bufs.check(self.stream, src)?;
+        t.note(rep, secs, cpu, ok);
         Ok(bufs)
     }
 
-    /// Device to host into `out` (the user's array, poisoned before the
-    /// run, as is the pinned buffer).
-    fn d2h(
+    /// Run `rep` device to host into `out` (the user's array, poisoned
+    /// before the run, as is the pinned buffer).
+    fn d2h_run(
         &self,
+        rep: usize,
         mut bufs: Bufs,
         out: &mut Vec<u32>,
         lands: Lands,
         t: &mut Timed,
         copy: impl FnOnce(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
     ) -> host::Result<Bufs> {
-        let c = self.case;
-        let src = c.src.get(self.rep, c.n);
-        bufs = bufs.upload(c.stream, src)?;
+        let src = self.src.get(rep, self.n);
+        bufs = bufs.upload(self.stream, src)?;
         out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
         bufs.pinned.as_mut_slice().fill(POISON);
-        settle(c.settle_ms);
+        settle(self.settle_ms);
         let (c0, t0) = (cpu_seconds(), Instant::now());
         bufs = copy(out, bufs)?;
         let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
@@ -411,13 +403,11 @@ impl Once<'_> {
             Lands::Out => same(out, src),
             Lands::Pinned => same(bufs.pinned.as_slice(), src),
         };
-        t.note(self.rep, secs, cpu, ok);
+        t.note(rep, secs, cpu, ok);
         Ok(bufs)
     }
-}
 
-impl Case<'_> {
-    /// Every run of one route, host to device (see [`Once::h2d`]).
+    /// Every run of one route, host to device (see [`Case::h2d_run`]).
     fn h2d(
         &self,
         mut bufs: Bufs,
@@ -426,12 +416,12 @@ impl Case<'_> {
     ) -> host::Result<(Bufs, Timed)> {
         let mut t = Timed::new();
         for rep in 0..=self.reps {
-            bufs = Once { case: self, rep }.h2d(bufs, prep, &mut t, &mut copy)?;
+            bufs = self.h2d_run(rep, bufs, prep, &mut t, &mut copy)?;
         }
         Ok((bufs, t))
     }
 
-    /// Every run of one route, device to host (see [`Once::d2h`]).
+    /// Every run of one route, device to host (see [`Case::d2h_run`]).
     fn d2h(
         &self,
         mut bufs: Bufs,
@@ -441,7 +431,7 @@ impl Case<'_> {
     ) -> host::Result<(Bufs, Timed)> {
         let mut t = Timed::new();
         for rep in 0..=self.reps {
-            bufs = Once { case: self, rep }.d2h(bufs, out, lands, &mut t, &mut copy)?;
+            bufs = self.d2h_run(rep, bufs, out, lands, &mut t, &mut copy)?;
         }
         Ok((bufs, t))
     }
@@ -578,14 +568,13 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
                     if rep > c.reps {
                         continue;
                     }
-                    let once = Once { case: c, rep };
                     bufs = if dir == "h2d" {
                         let prep = match path {
                             Path4::RegisterCopy => Prep::OwnVec,
                             Path4::Pinned => Prep::Pinned,
                             _ => Prep::Nothing,
                         };
-                        once.h2d(bufs, prep, &mut timed[i], |s, own, b| {
+                        c.h2d_run(rep, bufs, prep, &mut timed[i], |s, own, b| {
                             h2d_by(path, device, &stream, &engines, s, own, b)
                         })?
                     } else {
@@ -594,7 +583,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
                         } else {
                             Lands::Out
                         };
-                        once.d2h(bufs, &mut user_out, lands, &mut timed[i], |o, b| {
+                        c.d2h_run(rep, bufs, &mut user_out, lands, &mut timed[i], |o, b| {
                             d2h_by(path, device, &stream, &engines, o, b)
                         })?
                     };
