@@ -8,8 +8,10 @@ one kernel per batch, back to back on one stream (or alternating on two),
 timed with CUDA events over an epoch. Load forms: plain `ld.global.v4`,
 `ld.global.nc.v4` (the read-only path), `ld.global.L2::128B` and
 `L2::256B` (prefetch-size hints, sm_80+), and two loads in flight per thread
-before their stores. Every variant's output of its last batch is checked
-against NumPy's gather (outputs poisoned first). Medians of --reps epochs.
+before their stores. Every kernel's output of the epoch's last batch, run on
+one stream into an output poisoned first, is checked against NumPy's gather
+(a variant's one- and two-stream rows carry that check: the kernel is the
+same). Medians of --reps epochs.
 
     python3 bench/peers/zero_copy.py --out zero_copy.json
 """
