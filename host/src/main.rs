@@ -63,6 +63,9 @@ enum Cmd {
         /// engine's workers, which spin 2 ms after a copy, are parked).
         #[arg(long)]
         settle_ms: Option<u64>,
+        /// The routes to measure, comma-separated (default: all five).
+        #[arg(long, value_delimiter = ',')]
+        routes: Option<Vec<demo::staging::Path4>>,
     },
     /// Shuffled rows of a Vec gathered into batches on the device by the
     /// Loader, every batch of a first epoch checked, against the pinned
@@ -270,8 +273,10 @@ fn run(cli: Cli) -> host::Result<()> {
             reps,
             sweep_bytes,
             settle_ms,
+            routes,
         } => {
             let mut c = demo::staging::Config::for_device(&device, false);
+            c.routes = routes.unwrap_or(c.routes);
             c.settle_ms = settle_ms.unwrap_or(c.settle_ms);
             c.sizes = sizes.unwrap_or(c.sizes);
             c.reps = reps.unwrap_or(c.reps).max(1);

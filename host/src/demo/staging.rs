@@ -42,6 +42,8 @@ pub struct Config {
     pub sweep_reps: usize,
     /// Milliseconds of idle before each timed run (10: the workers parked).
     pub settle_ms: u64,
+    /// The routes measured (all five by default).
+    pub routes: Vec<Path4>,
 }
 
 impl Config {
@@ -54,6 +56,7 @@ impl Config {
                 sweep_bytes: 16 << 20,
                 sweep_reps: 2,
                 settle_ms: 10,
+                routes: PATHS.to_vec(),
             }
         } else {
             Config {
@@ -66,12 +69,13 @@ impl Config {
                 sweep_bytes: 1 << 30,
                 sweep_reps: 3,
                 settle_ms: 10,
+                routes: PATHS.to_vec(),
             }
         }
     }
 }
 
-#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Path4 {
     /// The driver's synchronous copy of pageable memory.
@@ -558,13 +562,17 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         for dir in ["h2d", "d2h"] {
             // The routes take turns run by run (each run's order rotated),
             // so a drift in the machine's speed hits them alike.
-            let cases: Vec<Case> = PATHS.iter().map(|&p| case(p)).collect();
-            let mut timed: Vec<Timed> = PATHS.iter().map(|_| Timed::new()).collect();
+            let paths: Vec<Path4> = PATHS
+                .into_iter()
+                .filter(|p| config.routes.contains(p))
+                .collect();
+            let cases: Vec<Case> = paths.iter().map(|&p| case(p)).collect();
+            let mut timed: Vec<Timed> = paths.iter().map(|_| Timed::new()).collect();
             let most = cases.iter().map(|c| c.reps).max().unwrap_or(0);
             for rep in 0..=most {
-                for k in 0..PATHS.len() {
-                    let i = (k + rep) % PATHS.len();
-                    let (path, c) = (PATHS[i], &cases[i]);
+                for k in 0..paths.len() {
+                    let i = (k + rep) % paths.len();
+                    let (path, c) = (paths[i], &cases[i]);
                     if rep > c.reps {
                         continue;
                     }
@@ -590,8 +598,12 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
                 }
             }
             let mut line = String::new();
-            for (path, t) in PATHS.iter().zip(&timed) {
-                let row = t.row(bytes, *path, dir);
+            for path in PATHS {
+                let Some(t) = paths.iter().position(|&p| p == path).map(|i| &timed[i]) else {
+                    line.push_str(&format!(" {:>8} ", "-"));
+                    continue;
+                };
+                let row = t.row(bytes, path, dir);
                 let mark = if row.verified { ' ' } else { '!' };
                 line.push_str(&format!(" {:>8.2}{mark}", row.gbps));
                 rows.push(row);
