@@ -875,12 +875,6 @@ pub struct StagedCopy<'a> {
     segs: Vec<Seg<'a>>,
     /// Blocks taken for the next fill of a file read (no DMA on them).
     filling: Vec<PooledBuffer<u8>>,
-    /// Host-to-device: a block filled with the `len` bytes at `next`, sent
-    /// while the next block fills (no DMA on it yet).
-    filled: Option<(PooledBuffer<u8>, usize)>,
-    /// Device-to-host: a block drained, fetched into again while the next
-    /// block drains (no DMA on it).
-    drained: Option<PooledBuffer<u8>>,
     state: State,
     /// A file read: the way chosen ([`FileIo::Buffered`] or
     /// [`FileIo::Direct`]).
@@ -924,8 +918,6 @@ impl<'a> StagedCopy<'a> {
             in_flight,
             segs: Vec::new(),
             filling: Vec::new(),
-            filled: None,
-            drained: None,
             state: State::Running,
             file_io: None,
             direct: None,
@@ -1017,6 +1009,12 @@ impl<'a> StagedCopy<'a> {
         plans
     }
 
+    /// Bytes of the next block of a copy of host memory: a whole block or
+    /// the rest.
+    fn piece_len(&self) -> usize {
+        (self.total - self.next).min(self.engine.config.block_bytes)
+    }
+
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
     /// ends in the first poll, without [`crate::block_on`]'s set-up; a
     /// staged one goes on under it.
@@ -1076,26 +1074,21 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    /// Fills `block` with the user's slice's `len` bytes from offset `off`,
-    /// running `meanwhile(self)` on this thread while the workers copy.
-    fn fill_meanwhile(
-        &mut self,
-        off: usize,
-        block: &mut [u8],
-        len: usize,
-        meanwhile: impl FnOnce(&mut Self) -> Result<()>,
-    ) -> (Result<()>, Result<()>) {
-        let Dir::H2d(src) = self.dir else {
-            let e = || Error::Internal("fill of a copy other than from host memory".into());
-            return (Err(e()), Err(e()));
-        };
-        // SAFETY: `src` is the borrowed slice of `total` bytes, alive and
-        // unchanged while this future lives; the piece lies in it.
-        let piece = unsafe { std::slice::from_raw_parts(src.add(off), len) };
-        let engine = self.engine.clone();
-        engine
-            .workers
-            .copy_meanwhile(piece, &mut block[..len], || meanwhile(self))
+    /// Fills the block with the user's slice's `len` bytes from offset
+    /// `off`; returns where in the block they start (0).
+    fn fill(&self, off: usize, block: &mut [u8], len: usize) -> Result<usize> {
+        match self.dir {
+            Dir::H2d(src) => {
+                // SAFETY: `src` is the borrowed slice of `total` bytes, alive
+                // and unchanged while this future lives; the piece lies in it.
+                let piece = unsafe { std::slice::from_raw_parts(src.add(off), len) };
+                self.engine.workers.copy(piece, &mut block[..len])?;
+                Ok(0)
+            }
+            Dir::D2h(_) | Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
+                "fill of a copy other than from host memory".into(),
+            )),
+        }
     }
 
     /// Fills `blocks` from the file as `plans` say (one plan each).
@@ -1129,34 +1122,22 @@ impl<'a> StagedCopy<'a> {
     }
 
     /// Hands `block` (arrived from the device) to the destination at
-    /// offset `off` (the user's slice, or the file), running
-    /// `meanwhile(self)` on this thread while the workers copy.
-    fn drain_meanwhile(
-        &mut self,
-        off: usize,
-        block: &[u8],
-        meanwhile: impl FnOnce(&mut Self) -> Result<()>,
-    ) -> (Result<()>, Result<()>) {
-        let engine = self.engine.clone();
+    /// offset `off` (the user's slice, or the file).
+    fn drain(&self, off: usize, block: &[u8]) -> Result<()> {
         match self.dir {
             Dir::D2h(dst) => {
                 // SAFETY: `dst` is the exclusively borrowed slice of `total`
                 // bytes, alive while this future lives; the piece lies in it.
                 let piece = unsafe { std::slice::from_raw_parts_mut(dst.add(off), block.len()) };
-                engine
-                    .workers
-                    .copy_meanwhile(block, piece, || meanwhile(self))
+                self.engine.workers.copy(block, piece)
             }
             Dir::FileOut { file, at } => {
                 // SAFETY: the file is borrowed for the future's life.
                 let file = unsafe { &*file };
-                engine
-                    .workers
-                    .write_meanwhile(file, at + off as u64, block, || meanwhile(self))
+                self.engine.workers.write(file, at + off as u64, block)
             }
             Dir::H2d(_) | Dir::FileIn { .. } => {
-                let e = || Error::Internal("drain of a copy toward the device".into());
-                (Err(e()), Err(e()))
+                Err(Error::Internal("drain of a copy toward the device".into()))
             }
         }
     }
@@ -1178,8 +1159,7 @@ impl<'a> StagedCopy<'a> {
                     };
                 }
             }
-            let held = self.filling.len() + usize::from(self.filled.is_some());
-            if self.ring.len() + held < self.engine.config.blocks {
+            if self.ring.len() + self.filling.len() < self.engine.config.blocks {
                 let cx_if_idle = if self.ring.is_empty() {
                     Some(&mut *cx)
                 } else {
@@ -1370,75 +1350,36 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
-    /// Host to device: each block fills while the one filled before it is
-    /// sent (its DMA issued by this thread while the workers copy).
     fn poll_h2d(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let block_bytes = self.engine.config.block_bytes;
         loop {
-            let at = self.next + self.filled.as_ref().map_or(0, |f| f.1);
-            if at >= self.total {
-                if let Err(e) = self.send_filled() {
-                    return Poll::Ready(Err(e));
-                }
-                return self.poll_last(cx);
-            }
-            let mut block = match self.next_block(cx) {
-                Ok(Some(b)) => b,
-                // No block free: send the filled one (its DMA frees the
-                // next), then wait.
-                Ok(None) if self.filled.is_some() => {
-                    if let Err(e) = self.send_filled() {
+            if self.next < self.total {
+                let mut block = match self.next_block(cx) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => return Poll::Pending,
+                    Err(e) => return Poll::Ready(Err(e)),
+                };
+                let len = self.piece_len();
+                let skew = match self.fill(self.next, block.as_mut_slice(), len) {
+                    Ok(skew) => skew,
+                    Err(e) => {
+                        self.engine.give_back(block);
                         return Poll::Ready(Err(e));
                     }
-                    continue;
+                };
+                if let Err(e) = self.issue(block, skew, len) {
+                    return Poll::Ready(Err(e));
                 }
-                Ok(None) => return Poll::Pending,
-                Err(e) => return Poll::Ready(Err(e)),
-            };
-            let len = (self.total - at).min(block_bytes);
-            let (filled, sent) =
-                self.fill_meanwhile(at, block.as_mut_slice(), len, Self::send_filled);
-            if let Err(e) = filled.and(sent) {
-                self.engine.give_back(block);
-                return Poll::Ready(Err(e));
+            } else {
+                return self.poll_last(cx);
             }
-            self.filled = Some((block, len));
         }
     }
 
-    /// Sends the block filled last, if any.
-    fn send_filled(&mut self) -> Result<()> {
-        match self.filled.take() {
-            Some((block, len)) => self.issue(block, 0, len),
-            None => Ok(()),
-        }
-    }
-
-    /// Fetches the next bytes into the block drained last, if any (gives
-    /// it back once everything is fetched).
-    fn refetch_drained(&mut self) -> Result<()> {
-        let Some(block) = self.drained.take() else {
-            return Ok(());
-        };
-        if self.next < self.total {
-            let len = (self.total - self.next).min(self.engine.config.block_bytes);
-            self.issue(block, 0, len)
-        } else {
-            self.engine.give_back(block);
-            Ok(())
-        }
-    }
-
-    /// Device to host: DMAs into every block at hand; each block, once
-    /// arrived, drains while the one drained before it is fetched into
-    /// again.
     fn poll_d2h(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let block_bytes = self.engine.config.block_bytes;
         loop {
             // Fetch ahead into every block at hand.
-            while self.next < self.total
-                && self.ring.len() + usize::from(self.drained.is_some()) < self.engine.config.blocks
-            {
+            while self.next < self.total && self.ring.len() < self.engine.config.blocks {
                 let cx_if_idle = if self.ring.is_empty() {
                     Some(&mut *cx)
                 } else {
@@ -1454,41 +1395,35 @@ impl<'a> StagedCopy<'a> {
                     return Poll::Ready(Err(e));
                 }
             }
-            let front_done = match self.ring.front() {
-                Some(front) => front.done.poll_done(cx),
-                None => Poll::Pending,
-            };
-            match front_done {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                // Nothing arrived (or nothing in flight): put the drained
-                // block back to work first.
-                Poll::Pending if self.drained.is_some() => {
-                    if let Err(e) = self.refetch_drained() {
-                        return Poll::Ready(Err(e));
-                    }
-                    continue;
-                }
+            let Some(front) = self.ring.front() else {
                 // Nothing in flight: done, or waiting for a block (the
                 // waker is registered with the engine).
-                Poll::Pending if self.ring.is_empty() && self.next >= self.total => {
-                    return Poll::Ready(Ok(()))
-                }
+                return if self.next >= self.total {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                };
+            };
+            match front.done.poll_done(cx) {
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {}
             }
             let Some(slot) = self.ring.pop_front() else {
                 continue;
             };
-            let (drained, fetched) = self.drain_meanwhile(
-                slot.off,
-                &slot.block.as_slice()[..slot.len],
-                Self::refetch_drained,
-            );
-            if let Err(e) = drained.and(fetched) {
+            if let Err(e) = self.drain(slot.off, &slot.block.as_slice()[..slot.len]) {
                 self.engine.give_back(slot.block);
                 return Poll::Ready(Err(e));
             }
-            self.drained = Some(slot.block);
+            if self.next < self.total {
+                let len = (self.total - self.next).min(block_bytes);
+                if let Err(e) = self.issue(slot.block, 0, len) {
+                    return Poll::Ready(Err(e));
+                }
+            } else {
+                self.engine.give_back(slot.block);
+            }
         }
     }
 }
@@ -1534,15 +1469,8 @@ impl Drop for StagedCopy<'_> {
         while let Some(slot) = self.ring.pop_front() {
             self.engine.give_back_when_done(slot);
         }
-        // Blocks taken for a fill that never ran, filled and not sent, or
-        // drained: no DMA on them.
+        // Blocks taken for a fill that never ran: no DMA on them.
         for b in std::mem::take(&mut self.filling) {
-            self.engine.give_back(b);
-        }
-        if let Some((b, _)) = self.filled.take() {
-            self.engine.give_back(b);
-        }
-        if let Some(b) = self.drained.take() {
             self.engine.give_back(b);
         }
     }

@@ -202,28 +202,13 @@ impl CopyWorkers {
     /// [`Error::WorkerPanicked`] when a piece's copy panicked (the other
     /// pieces are still done before this returns).
     pub(crate) fn copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        self.copy_meanwhile(src, dst, || ()).0
-    }
-
-    /// [`CopyWorkers::copy`], this thread running `meanwhile` first while
-    /// the workers already copy (see [`CopyWorkers::run_meanwhile`]).
-    ///
-    /// # Errors
-    /// As [`CopyWorkers::copy`]; `meanwhile`'s result is returned either way.
-    pub(crate) fn copy_meanwhile<R>(
-        &self,
-        src: &[u8],
-        dst: &mut [u8],
-        meanwhile: impl FnOnce() -> R,
-    ) -> (Result<()>, R) {
         assert_eq!(src.len(), dst.len(), "CopyWorkers::copy of unequal lengths");
         let what = What::Copy {
             src: src.as_ptr() as usize,
             dst: dst.as_mut_ptr() as usize,
         };
-        // SAFETY: `src` and `dst` are borrowed for the call, `len` bytes
-        // each; `meanwhile` can't reach them (they stay borrowed).
-        unsafe { self.run_meanwhile(what, src.len(), meanwhile) }
+        // SAFETY: `src` and `dst` are borrowed for the call, `len` bytes each.
+        unsafe { self.run(what, src.len()) }
     }
 
     /// Fills `dst` from `file` at offset `at`, in parallel `pread`s.
@@ -271,27 +256,18 @@ impl CopyWorkers {
         unsafe { self.run(what, len) }
     }
 
-    /// Writes `src` to `file` at offset `at`, in parallel `pwrite`s, this
-    /// thread running `meanwhile` first while the workers already write
-    /// (see [`CopyWorkers::run_meanwhile`]).
+    /// Writes `src` to `file` at offset `at`, in parallel `pwrite`s.
     ///
     /// # Errors
-    /// [`Error::Io`]: the system's error (`ENOSPC` on a full disk);
-    /// `meanwhile`'s result is returned either way.
-    pub(crate) fn write_meanwhile<R>(
-        &self,
-        file: &std::fs::File,
-        at: u64,
-        src: &[u8],
-        meanwhile: impl FnOnce() -> R,
-    ) -> (Result<()>, R) {
+    /// [`Error::Io`]: the system's error (`ENOSPC` on a full disk).
+    pub(crate) fn write(&self, file: &std::fs::File, at: u64, src: &[u8]) -> Result<()> {
         let what = What::Write {
             file: file as *const std::fs::File as usize,
             at,
             src: src.as_ptr() as usize,
         };
         // SAFETY: `src` is borrowed for the call; the file too.
-        unsafe { self.run_meanwhile(what, src.len(), meanwhile) }
+        unsafe { self.run(what, src.len()) }
     }
 
     /// Fills `dst` with rows gathered from memory: destination row `r` is
@@ -331,34 +307,13 @@ impl CopyWorkers {
     /// The ranges `what` names are valid (for reads, or exclusively for
     /// writes) for `len` bytes, and its descriptor open, until this returns.
     unsafe fn run(&self, what: What, len: usize) -> Result<()> {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.run_meanwhile(what, len, || ()) }.0
-    }
-
-    /// Runs one job of `len` bytes on the workers and this thread, this
-    /// thread first running `meanwhile` (while the workers already take
-    /// pieces), then taking pieces too; returns when every piece is done,
-    /// with `meanwhile`'s result. A panic in `meanwhile` is resumed once
-    /// every piece is done.
-    ///
-    /// # Safety
-    /// As [`CopyWorkers::run`]; `meanwhile` doesn't touch the ranges.
-    unsafe fn run_meanwhile<R>(
-        &self,
-        what: What,
-        len: usize,
-        meanwhile: impl FnOnce() -> R,
-    ) -> (Result<()>, R) {
         // In a fork() child the workers don't exist: waiting for them would
         // hang.
-        if let Err(e) = self.generation.check("a staging engine") {
-            return (Err(e), meanwhile());
-        }
+        self.generation.check("a staging engine")?;
         let s = &*self.shared;
         let job = Job::new(what, len, self.threads.len() + 1, 0);
         if job.parts == 1 {
-            let r = meanwhile();
-            return (do_piece(s, job, 0), r);
+            return do_piece(s, job, 0);
         }
         let _turn = lock(&self.turn);
         let job = Job {
@@ -373,11 +328,8 @@ impl CopyWorkers {
             let _g = lock(&s.sleep);
             s.wake.notify_all();
         }
-        // The pieces go on while `meanwhile` runs; a panic in it waits for
-        // them (they write memory the unwinding may free).
-        let r = std::panic::catch_unwind(AssertUnwindSafe(meanwhile));
-        // This thread takes pieces too: it never waits for a worker to
-        // wake, only for pieces already taken to finish.
+        // This thread takes pieces too, from the first: it never waits for
+        // a worker to wake, only for pieces already taken to finish.
         let mut mine = Ok(());
         while let Some(index) = s.claims.claim(job.seq, job.parts) {
             let done = do_piece(s, job, index);
@@ -391,14 +343,10 @@ impl CopyWorkers {
             spins = spins.saturating_add(1);
             backoff(spins);
         }
-        let r = match r {
-            Ok(r) => r,
-            Err(p) => std::panic::resume_unwind(p),
-        };
-        let failed = lock(&s.failed).take();
-        match (mine, failed) {
-            (Err(e), _) | (Ok(()), Some(e)) => (Err(e), r),
-            (Ok(()), None) => (Ok(()), r),
+        mine?;
+        match lock(&s.failed).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 }
