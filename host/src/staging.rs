@@ -16,7 +16,11 @@
 //!   between blocks while a copy streams and park 2 ms after the last;
 //! - the DMA of block *b* runs while the workers fill block *b + 1*
 //!   (host-to-device), or copy block *b* out while the DMAs of the next
-//!   blocks run (device-to-host), on the engine's own two streams.
+//!   blocks run (device-to-host), on the engine's own two streams;
+//! - where nothing overlaps a piece, it is short: a copy to the device
+//!   starts with a 1 MiB piece and doubles to whole blocks (the first DMA
+//!   waits only for 1 MiB), a copy from the device halves its last pieces
+//!   down to 1 MiB (the last drain after the last DMA is short).
 //!
 //! # Which route a copy takes
 //! [`Route::Auto`] (the default) sends a small copy straight to the driver
@@ -59,6 +63,32 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
+
+/// The first piece of a staged host-to-device copy, and the last of a
+/// device-to-host one (see [`piece_len`]).
+const RAMP_PIECE: usize = 1 << 20;
+
+/// Bytes of the piece of a staged copy of `total` bytes that starts at
+/// `at`, in blocks of `block` bytes: a whole block or the rest, except
+/// where nothing overlaps the piece. Host-to-device (`upload`), no DMA
+/// starts before the first fill: pieces start at [`RAMP_PIECE`] and double
+/// (each the size of all before it). Device-to-host, the last drain runs
+/// after every DMA: pieces halve toward the end (each about the size of
+/// all after it, in 64 KiB steps), down to [`RAMP_PIECE`].
+///
+/// Measured on the H200 machine (`host staging`, 8 MiB blocks, one run,
+/// medians of 15): host-to-device 64 MiB 33.8 GB/s against 28.7 with whole
+/// blocks from the start, 1 GiB 52.3 against 47.2; device-to-host 43.9
+/// against 39.6 and 50.7 against 47.2.
+fn piece_len(upload: bool, at: usize, total: usize, block: usize) -> usize {
+    let rest = total - at;
+    let want = if upload {
+        at.max(RAMP_PIECE)
+    } else {
+        (rest / 2).next_multiple_of(64 << 10).max(RAMP_PIECE)
+    };
+    want.min(block).min(rest)
+}
 
 /// Default size of one staging block (8 MiB).
 pub const DEFAULT_BLOCK_BYTES: usize = 8 << 20;
@@ -1009,10 +1039,19 @@ impl<'a> StagedCopy<'a> {
         plans
     }
 
-    /// Bytes of the next block of a copy of host memory: a whole block or
-    /// the rest.
+    /// Bytes of the next block of a copy of host memory, at `self.next`:
+    /// a whole block or the rest, except near the end that nothing
+    /// overlaps. Host-to-device, the first fill is waited for before any
+    /// DMA starts: the pieces start at [`RAMP_PIECE`] and double. Device-to-
+    /// host, the last drain runs after every DMA: the pieces halve toward
+    /// the end, down to [`RAMP_PIECE`].
     fn piece_len(&self) -> usize {
-        (self.total - self.next).min(self.engine.config.block_bytes)
+        piece_len(
+            self.dir.is_upload(),
+            self.next,
+            self.total,
+            self.engine.config.block_bytes,
+        )
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -1376,7 +1415,6 @@ impl<'a> StagedCopy<'a> {
     }
 
     fn poll_d2h(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
-        let block_bytes = self.engine.config.block_bytes;
         loop {
             // Fetch ahead into every block at hand.
             while self.next < self.total && self.ring.len() < self.engine.config.blocks {
@@ -1390,7 +1428,7 @@ impl<'a> StagedCopy<'a> {
                     Ok(None) => break,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let len = (self.total - self.next).min(block_bytes);
+                let len = self.piece_len();
                 if let Err(e) = self.issue(block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
@@ -1417,7 +1455,7 @@ impl<'a> StagedCopy<'a> {
                 return Poll::Ready(Err(e));
             }
             if self.next < self.total {
-                let len = (self.total - self.next).min(block_bytes);
+                let len = self.piece_len();
                 if let Err(e) = self.issue(slot.block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
@@ -1472,6 +1510,60 @@ impl Drop for StagedCopy<'_> {
         // Blocks taken for a fill that never ran: no DMA on them.
         for b in std::mem::take(&mut self.filling) {
             self.engine.give_back(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::{piece_len, RAMP_PIECE};
+
+    /// The pieces of a whole copy, as `StagedCopy` takes them.
+    fn pieces(upload: bool, total: usize, block: usize) -> Vec<usize> {
+        let (mut at, mut out) = (0, vec![]);
+        while at < total {
+            let n = piece_len(upload, at, total, block);
+            assert!(n > 0 && n <= block, "piece of {n} bytes at {at}");
+            out.push(n);
+            at += n;
+        }
+        out
+    }
+
+    #[test]
+    fn host_to_device_pieces_start_small_and_double_to_a_block() {
+        const M: usize = 1 << 20;
+        assert_eq!(
+            pieces(true, 40 * M, 8 * M),
+            [M, M, 2 * M, 4 * M, 8 * M, 8 * M, 8 * M, 8 * M]
+        );
+        assert_eq!(pieces(true, M / 2, 8 * M), [M / 2]);
+        assert_eq!(pieces(true, 3 * M + 5, 8 * M), [M, M, M + 5]);
+    }
+
+    #[test]
+    fn device_to_host_pieces_halve_toward_the_end() {
+        const M: usize = 1 << 20;
+        assert_eq!(
+            pieces(false, 40 * M, 8 * M),
+            [8 * M, 8 * M, 8 * M, 8 * M, 4 * M, 2 * M, M, M]
+        );
+        assert_eq!(pieces(false, M / 2, 8 * M), [M / 2]);
+    }
+
+    #[test]
+    fn pieces_cover_every_byte_once_whatever_the_sizes() {
+        let mut rng = fastrand::Rng::with_seed(0x91ec);
+        for _ in 0..2000 {
+            let block = rng.usize(4096..=64 << 20);
+            let total = rng.usize(0..=1 << 30);
+            for upload in [true, false] {
+                let p = pieces(upload, total, block);
+                assert_eq!(p.iter().sum::<usize>(), total);
+                // Never smaller than a ramp piece or a block, except the last.
+                let least = RAMP_PIECE.min(block);
+                assert!(p.iter().rev().skip(1).all(|&n| n >= least));
+            }
         }
     }
 }

@@ -129,6 +129,46 @@ fn the_default_engine_copies_whole_buffers_of_other_types(device: host::Device) 
         .all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
+host::backend_tests!(copies_in_ramped_pieces_land_every_byte_at_odd_offsets);
+/// The default blocks (8 MiB): a copy's first pieces (host to device) and
+/// last ones (device to host) are smaller than a block; lengths around
+/// those pieces' edges, at odd offsets, both ways.
+fn copies_in_ramped_pieces_land_every_byte_at_odd_offsets(device: host::Device) {
+    let mut config = StagingConfig::for_device(&device);
+    config.route = Route::Staged;
+    let staging = Staging::with_config(&device, config).unwrap();
+    let mut rng = fastrand::Rng::with_seed(0x7a3f);
+    const M: usize = 1 << 20; // elements of 4 bytes: 4 MiB
+    let n = 5 * M + 11;
+    let mut dev = DeviceBuffer::<u32>::new(&device, n).unwrap();
+    for (at, len) in [
+        (3, M / 4 - 1),
+        (1, M / 4 + 1),
+        (7, 3 * M / 4 + 5),
+        (9, 5 * M),
+    ] {
+        let data = random(len, &mut rng);
+        dev.copy_from_host_sync(&vec![POISON; n]).unwrap();
+        futures::executor::block_on(staging.h2d_at(&data, &mut dev, at)).unwrap();
+        let got = read(&mut dev);
+        let mut want = vec![POISON; n];
+        want[at..at + len].copy_from_slice(&data);
+        assert_eq!(first_diff(&got, &want), None, "h2d at {at} len {len}");
+        let mut back = vec![POISON; len + 2];
+        futures::executor::block_on(staging.d2h_at(&dev, at, &mut back[1..len + 1])).unwrap();
+        assert_eq!(
+            (back[0], back[len + 1]),
+            (POISON, POISON),
+            "d2h wrote outside its slice"
+        );
+        assert_eq!(
+            first_diff(&back[1..len + 1], &data),
+            None,
+            "d2h at {at} len {len}"
+        );
+    }
+}
+
 host::backend_tests!(sources_already_pinned_or_registered_copy_the_same);
 fn sources_already_pinned_or_registered_copy_the_same(device: host::Device) {
     let staging = small(&device, Route::Staged, 2);

@@ -29,6 +29,9 @@ use std::time::Instant;
 
 const POISON: u32 = 0xDEAD_BEEF;
 
+/// Sizes below this many bytes get [`Config::small_reps`] runs.
+pub const SMALL_BELOW: usize = 16 << 20;
+
 /// The sizes and repetitions of one run.
 pub struct Config {
     pub sizes: Vec<usize>,
@@ -37,6 +40,10 @@ pub struct Config {
     /// Timed runs of the two slow routes (the driver's pageable copy, pin
     /// in place + copy) from 256 MiB up, where each run takes seconds.
     pub slow_reps: usize,
+    /// Timed runs per route below [`SMALL_BELOW`] bytes (at least `reps`):
+    /// a run there takes well under a millisecond, so more of them settle
+    /// the median.
+    pub small_reps: usize,
     /// Size at which the engine's shape is swept (0: no sweep).
     pub sweep_bytes: usize,
     pub sweep_reps: usize,
@@ -53,6 +60,7 @@ impl Config {
                 sizes: vec![64 << 10, 1 << 20, 16 << 20, 64 << 20],
                 reps: 3,
                 slow_reps: 3,
+                small_reps: 3,
                 sweep_bytes: 16 << 20,
                 sweep_reps: 2,
                 settle_ms: 10,
@@ -66,6 +74,7 @@ impl Config {
                     .collect(),
                 reps: 11,
                 slow_reps: 3,
+                small_reps: 51,
                 sweep_bytes: 1 << 30,
                 sweep_reps: 3,
                 settle_ms: 10,
@@ -539,8 +548,8 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     ];
     let mut rows = Vec::new();
     println!(
-        "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs ({} for the first two from 256 MiB); every element of every run checked",
-        "size", "dir", "pageable", "reg+copy", "staged", "auto", "pinned", config.reps, config.slow_reps
+        "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs ({} below 16 MiB, {} for the first two from 256 MiB); every element of every run checked",
+        "size", "dir", "pageable", "reg+copy", "staged", "auto", "pinned", config.reps, config.small_reps.max(config.reps), config.slow_reps
     );
     for &bytes in &config.sizes {
         let n = bytes / 4;
@@ -551,6 +560,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             settle_ms: config.settle_ms,
             reps: match path {
                 Path4::Pageable | Path4::RegisterCopy if bytes >= 256 << 20 => config.slow_reps,
+                _ if bytes < SMALL_BELOW => config.small_reps.max(config.reps),
                 _ => config.reps,
             },
         };
