@@ -382,6 +382,12 @@ fn the_automatic_route_copies_small_arrays_directly_and_large_ones_staged(device
     let mut back = vec![POISON; n];
     staging.d2h_blocking(&dev, &mut back).unwrap();
     assert_eq!(first_diff(&back, &data), None);
+    // The same awaited (the blocking forms call the driver themselves).
+    let other = random(n, &mut rng);
+    futures::executor::block_on(staging.h2d(&other, &mut dev)).unwrap();
+    let mut back = vec![POISON; n];
+    futures::executor::block_on(staging.d2h(&dev, &mut back)).unwrap();
+    assert_eq!(first_diff(&back, &other), None);
     assert_eq!(
         staging.pool_stats().peak_in_use_bytes,
         0,
