@@ -68,24 +68,30 @@ use std::task::{Context, Poll, Waker};
 /// device-to-host one (see [`piece_len`]).
 const RAMP_PIECE: usize = 1 << 20;
 
+/// Which way a staged copy of host memory goes (for [`piece_len`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    ToDevice,
+    ToHost,
+}
+
 /// Bytes of the piece of a staged copy of `total` bytes that starts at
 /// `at`, in blocks of `block` bytes: a whole block or the rest, except
-/// where nothing overlaps the piece. Host-to-device (`upload`), no DMA
-/// starts before the first fill: pieces start at [`RAMP_PIECE`] and double
-/// (each the size of all before it). Device-to-host, the last drain runs
-/// after every DMA: pieces halve toward the end (each about the size of
-/// all after it, in 64 KiB steps), down to [`RAMP_PIECE`].
+/// where nothing overlaps the piece. To the device, no DMA starts before
+/// the first fill: pieces start at [`RAMP_PIECE`] and double (each the
+/// size of all before it). To the host, the last drain runs after every
+/// DMA: pieces halve toward the end (each about the size of all after it,
+/// in 64 KiB steps), down to [`RAMP_PIECE`].
 ///
 /// Measured on the H200 machine (`host staging`, 8 MiB blocks, one run,
 /// medians of 15): host-to-device 64 MiB 33.8 GB/s against 28.7 with whole
 /// blocks from the start, 1 GiB 52.3 against 47.2; device-to-host 43.9
 /// against 39.6 and 50.7 against 47.2.
-fn piece_len(upload: bool, at: usize, total: usize, block: usize) -> usize {
+fn piece_len(way: Way, at: usize, total: usize, block: usize) -> usize {
     let rest = total - at;
-    let want = if upload {
-        at.max(RAMP_PIECE)
-    } else {
-        (rest / 2).next_multiple_of(64 << 10).max(RAMP_PIECE)
+    let want = match way {
+        Way::ToDevice => at.max(RAMP_PIECE),
+        Way::ToHost => (rest / 2).next_multiple_of(64 << 10).max(RAMP_PIECE),
     };
     want.min(block).min(rest)
 }
@@ -766,21 +772,21 @@ impl Staging {
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
         let c = &self.engine.config;
         let bytes = std::mem::size_of_val(dst);
-        if c.route_for(bytes, c.direct_d2h_below) == Route::Direct
-            && src.len() == dst.len()
-            && self.same_device(src.staging_parts().0).is_ok()
-        {
-            // As in `h2d_blocking`: one driver call.
-            let (_, addr, _) = src.staging_parts();
-            // SAFETY: the device range is the whole buffer, borrowed for the
-            // call, its staged DMAs settled (`staging_parts`); the host slice
-            // is borrowed exclusively, of the same byte count; synchronous.
-            return unsafe {
-                self.engine
-                    .device
-                    .backend
-                    .copy_d2h_sync(dst.as_mut_ptr().cast(), addr, bytes)
-            };
+        if c.route_for(bytes, c.direct_d2h_below) == Route::Direct && src.len() == dst.len() {
+            let (device, addr, _) = src.staging_parts();
+            if self.same_device(device).is_ok() {
+                // As in `h2d_blocking`: one driver call.
+                // SAFETY: the device range is the whole buffer, borrowed for
+                // the call, its staged DMAs settled (`staging_parts`); the
+                // host slice is borrowed exclusively, of the same byte count;
+                // synchronous.
+                return unsafe {
+                    self.engine
+                        .device
+                        .backend
+                        .copy_d2h_sync(dst.as_mut_ptr().cast(), addr, bytes)
+                };
+            }
         }
         self.d2h(src, dst).wait_here()
     }
@@ -1080,19 +1086,15 @@ impl<'a> StagedCopy<'a> {
         plans
     }
 
-    /// Bytes of the next block of a copy of host memory, at `self.next`:
-    /// a whole block or the rest, except near the end that nothing
-    /// overlaps. Host-to-device, the first fill is waited for before any
-    /// DMA starts: the pieces start at [`RAMP_PIECE`] and double. Device-to-
-    /// host, the last drain runs after every DMA: the pieces halve toward
-    /// the end, down to [`RAMP_PIECE`].
+    /// Bytes of the next piece of a copy of host memory, at `self.next`
+    /// (see [`piece_len`]).
     fn piece_len(&self) -> usize {
-        piece_len(
-            self.dir.is_upload(),
-            self.next,
-            self.total,
-            self.engine.config.block_bytes,
-        )
+        let way = if self.dir.is_upload() {
+            Way::ToDevice
+        } else {
+            Way::ToHost
+        };
+        piece_len(way, self.next, self.total, self.engine.config.block_bytes)
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -1553,13 +1555,13 @@ impl Drop for StagedCopy<'_> {
 
 #[cfg(test)]
 mod piece_tests {
-    use super::{piece_len, RAMP_PIECE};
+    use super::{piece_len, Way, RAMP_PIECE};
 
     /// The pieces of a whole copy, as `StagedCopy` takes them.
-    fn pieces(upload: bool, total: usize, block: usize) -> Vec<usize> {
+    fn pieces(way: Way, total: usize, block: usize) -> Vec<usize> {
         let (mut at, mut out) = (0, vec![]);
         while at < total {
-            let n = piece_len(upload, at, total, block);
+            let n = piece_len(way, at, total, block);
             assert!(n > 0 && n <= block, "piece of {n} bytes at {at}");
             out.push(n);
             at += n;
@@ -1571,21 +1573,21 @@ mod piece_tests {
     fn host_to_device_pieces_start_small_and_double_to_a_block() {
         const M: usize = 1 << 20;
         assert_eq!(
-            pieces(true, 40 * M, 8 * M),
+            pieces(Way::ToDevice, 40 * M, 8 * M),
             [M, M, 2 * M, 4 * M, 8 * M, 8 * M, 8 * M, 8 * M]
         );
-        assert_eq!(pieces(true, M / 2, 8 * M), [M / 2]);
-        assert_eq!(pieces(true, 3 * M + 5, 8 * M), [M, M, M + 5]);
+        assert_eq!(pieces(Way::ToDevice, M / 2, 8 * M), [M / 2]);
+        assert_eq!(pieces(Way::ToDevice, 3 * M + 5, 8 * M), [M, M, M + 5]);
     }
 
     #[test]
     fn device_to_host_pieces_halve_toward_the_end() {
         const M: usize = 1 << 20;
         assert_eq!(
-            pieces(false, 40 * M, 8 * M),
+            pieces(Way::ToHost, 40 * M, 8 * M),
             [8 * M, 8 * M, 8 * M, 8 * M, 4 * M, 2 * M, M, M]
         );
-        assert_eq!(pieces(false, M / 2, 8 * M), [M / 2]);
+        assert_eq!(pieces(Way::ToHost, M / 2, 8 * M), [M / 2]);
     }
 
     #[test]
@@ -1594,8 +1596,8 @@ mod piece_tests {
         for _ in 0..2000 {
             let block = rng.usize(4096..=64 << 20);
             let total = rng.usize(0..=1 << 30);
-            for upload in [true, false] {
-                let p = pieces(upload, total, block);
+            for way in [Way::ToDevice, Way::ToHost] {
+                let p = pieces(way, total, block);
                 assert_eq!(p.iter().sum::<usize>(), total);
                 // Never smaller than a ramp piece or a block, except the last.
                 let least = RAMP_PIECE.min(block);
