@@ -10,10 +10,12 @@
 //! run before's data (an element skipped) is caught, and host destinations
 //! are poisoned before each run.
 //!
-//! The routes of one size and direction take turns run by run (each
-//! run's order rotated by one), so a change in the machine's speed during
-//! the measurement (this VM's staged figures swing by up to half between
-//! runs) falls on every route alike rather than on whichever ran then.
+//! The routes of one size and direction take turns run by run, each run's
+//! order shuffled (seeded), so a change in the machine's speed during the
+//! measurement (this VM's staged figures swing by up to half between runs)
+//! falls on every route alike rather than on whichever ran then, and no
+//! route always follows the same other one (whose after-effects, a
+//! staged copy's workers and caches say, it would then always inherit).
 
 use super::fmt::size;
 use super::plots;
@@ -570,8 +572,8 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
         };
         let mut user_out = vec![0u32; n];
         for dir in ["h2d", "d2h"] {
-            // The routes take turns run by run (each run's order rotated),
-            // so a drift in the machine's speed hits them alike.
+            // The routes take turns run by run, in a shuffled order (see
+            // the module's notes).
             let paths: Vec<Path4> = PATHS
                 .into_iter()
                 .filter(|p| config.routes.contains(p))
@@ -579,9 +581,11 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             let cases: Vec<Case> = paths.iter().map(|&p| case(p)).collect();
             let mut timed: Vec<Timed> = paths.iter().map(|_| Timed::new()).collect();
             let most = cases.iter().map(|c| c.reps).max().unwrap_or(0);
+            let mut rng = fastrand::Rng::with_seed(bytes as u64);
+            let mut order: Vec<usize> = (0..paths.len()).collect();
             for rep in 0..=most {
-                for k in 0..paths.len() {
-                    let i = (k + rep) % paths.len();
+                rng.shuffle(&mut order);
+                for &i in &order {
                     let (path, c) = (paths[i], &cases[i]);
                     if rep > c.reps {
                         continue;
