@@ -53,7 +53,8 @@ enum Cmd {
         /// powers of 4 on a GPU, up to 64 MiB on the CPU emulation).
         #[arg(long, value_delimiter = ',')]
         sizes: Option<Vec<usize>>,
-        /// Timed runs per route, size and direction.
+        /// Timed runs per route, size and direction (default 11; below 16
+        /// MiB at least 51 on a GPU).
         #[arg(long)]
         reps: Option<usize>,
         /// Size of the shape sweep in bytes (0: none).

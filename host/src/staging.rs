@@ -96,6 +96,30 @@ fn piece_len(way: Way, at: usize, total: usize, block: usize) -> usize {
     want.min(block).min(rest)
 }
 
+/// One synchronous pageable copy by the driver of `total` bytes between
+/// the host memory of `dir` and device address `dev` (the direct route).
+///
+/// # Safety
+/// `dir`'s host pointer is valid for `total` bytes (for writes, and
+/// written by no one else, device-to-host), and `dev..dev + total` is
+/// device memory of `device` that no one else writes (nor, host-to-device,
+/// reads) until this returns.
+unsafe fn direct_copy(device: &Device, dir: Dir, dev: u64, total: usize) -> Result<()> {
+    if total == 0 {
+        return Ok(());
+    }
+    let backend = &device.backend;
+    match dir {
+        // SAFETY: the caller's contract; synchronous.
+        Dir::H2d(src) => unsafe { backend.copy_h2d_sync(dev, src, total) },
+        // SAFETY: as above.
+        Dir::D2h(dst) => unsafe { backend.copy_d2h_sync(dst, dev, total) },
+        Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
+            "a file copy taking the direct route".into(),
+        )),
+    }
+}
+
 /// Default size of one staging block (8 MiB).
 pub const DEFAULT_BLOCK_BYTES: usize = 8 << 20;
 /// Default number of staging blocks (4: 32 MiB of pinned memory in all).
@@ -750,18 +774,42 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn h2d_blocking<T: Pod>(&self, src: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
-        let c = &self.engine.config;
         let bytes = std::mem::size_of_val(src);
-        if c.route_for(bytes, c.direct_h2d_below) == Route::Direct
-            && src.len() == dst.len()
-            && self.same_device(dst.staging_parts().0).is_ok()
-        {
-            // A direct copy is one driver call: made here, without a future
-            // around it, it skips a few microseconds of that machinery on a
-            // cold cache (a 256 KiB copy takes about 70).
-            return dst.copy_from_host_sync(src);
+        let below = self.engine.config.direct_h2d_below;
+        if let Some(addr) = self.direct_here(dst, src.len(), bytes, below) {
+            // SAFETY: `src` is borrowed for the call, `bytes` long; the
+            // device range is the whole buffer (the same byte count),
+            // borrowed exclusively, its staged DMAs settled.
+            return unsafe {
+                direct_copy(
+                    &self.engine.device,
+                    Dir::H2d(src.as_ptr().cast()),
+                    addr,
+                    bytes,
+                )
+            };
         }
         self.h2d(src, dst).wait_here()
+    }
+
+    /// The device address of `buf` when a blocking copy between it and
+    /// `host_len` elements (`bytes` bytes) takes the direct route (`below`:
+    /// its direction's threshold), its staged DMAs settled; `None` when it
+    /// doesn't, or when the copy is refused (the future says why). Made
+    /// without a future around it, a direct copy skips a few microseconds
+    /// of that machinery on a cold cache (a 256 KiB copy takes about 70).
+    fn direct_here<T: Pod>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        host_len: usize,
+        bytes: usize,
+        below: usize,
+    ) -> Option<u64> {
+        if self.engine.config.route_for(bytes, below) != Route::Direct || host_len != buf.len() {
+            return None;
+        }
+        let (device, addr, _) = buf.staging_parts();
+        self.same_device(device).ok().map(|()| addr)
     }
 
     /// [`Staging::d2h`] for synchronous code: returns when the data is in
@@ -770,23 +818,20 @@ impl Staging {
     /// # Errors
     /// As [`Staging::h2d`].
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
-        let c = &self.engine.config;
         let bytes = std::mem::size_of_val(dst);
-        if c.route_for(bytes, c.direct_d2h_below) == Route::Direct && src.len() == dst.len() {
-            let (device, addr, _) = src.staging_parts();
-            if self.same_device(device).is_ok() {
-                // As in `h2d_blocking`: one driver call.
-                // SAFETY: the device range is the whole buffer, borrowed for
-                // the call, its staged DMAs settled (`staging_parts`); the
-                // host slice is borrowed exclusively, of the same byte count;
-                // synchronous.
-                return unsafe {
-                    self.engine
-                        .device
-                        .backend
-                        .copy_d2h_sync(dst.as_mut_ptr().cast(), addr, bytes)
-                };
-            }
+        let below = self.engine.config.direct_d2h_below;
+        if let Some(addr) = self.direct_here(src, dst.len(), bytes, below) {
+            // SAFETY: `dst` is borrowed exclusively for the call, `bytes`
+            // long; the device range is the whole buffer (the same byte
+            // count), borrowed for the call, its staged DMAs settled.
+            return unsafe {
+                direct_copy(
+                    &self.engine.device,
+                    Dir::D2h(dst.as_mut_ptr().cast()),
+                    addr,
+                    bytes,
+                )
+            };
         }
         self.d2h(src, dst).wait_here()
     }
@@ -1135,21 +1180,10 @@ impl<'a> StagedCopy<'a> {
 
     /// The whole copy as one synchronous pageable copy by the driver.
     fn direct(&mut self) -> Result<()> {
-        if self.total == 0 {
-            return Ok(());
-        }
-        let backend = &self.engine.device.backend;
-        match self.dir {
-            // SAFETY: the host range is the borrowed slice, valid for
-            // `total` bytes; the device range was checked against the
-            // buffer, borrowed for the copy; synchronous.
-            Dir::H2d(src) => unsafe { backend.copy_h2d_sync(self.dev, src, self.total) },
-            // SAFETY: as above, the host slice borrowed exclusively.
-            Dir::D2h(dst) => unsafe { backend.copy_d2h_sync(dst, self.dev, self.total) },
-            Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
-                "a file copy taking the direct route".into(),
-            )),
-        }
+        // SAFETY: the host range is the borrowed slice (exclusively for
+        // device-to-host), valid for `total` bytes; the device range was
+        // checked against the buffer, borrowed for the copy.
+        unsafe { direct_copy(&self.engine.device, self.dir, self.dev, self.total) }
     }
 
     /// Fills the block with the user's slice's `len` bytes from offset
