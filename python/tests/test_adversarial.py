@@ -223,9 +223,18 @@ def test_upload_reads_the_source_with_the_gil_held(device):
 
     t = threading.Thread(target=swap)
     t.start()
-    d.upload(a)  # either before or after the swap; never freed memory
+    # The swap lands before or after upload() reads `a`, never during it: either
+    # every element arrives, or the 16-byte array is refused as too short.
+    try:
+        d.upload(a)
+        uploaded = True
+    except ValueError as e:
+        assert "upload of 16 bytes" in str(e), e
+        uploaded = False
     t.join()
     assert swapped.is_set()
+    if uploaded:
+        assert (d.download() == 1.0).all()
 
 
 def test_shapes_whose_strides_overflow_are_refused(device, alloc):
