@@ -84,6 +84,21 @@ impl Config {
             }
         }
     }
+
+    /// Timed runs below [`SMALL_BELOW`] bytes: `small_reps`, never fewer
+    /// than `reps`.
+    fn small_runs(&self) -> usize {
+        self.small_reps.max(self.reps)
+    }
+
+    /// Timed runs of `path` at `bytes`.
+    fn runs(&self, path: Path4, bytes: usize) -> usize {
+        match path {
+            Path4::Pageable | Path4::RegisterCopy if bytes >= 256 << 20 => self.slow_reps,
+            _ if bytes < SMALL_BELOW => self.small_runs(),
+            _ => self.reps,
+        }
+    }
 }
 
 #[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -551,7 +566,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let mut rows = Vec::new();
     println!(
         "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs ({} below 16 MiB, {} for the first two from 256 MiB); every element of every run checked",
-        "size", "dir", "pageable", "reg+copy", "staged", "auto", "pinned", config.reps, config.small_reps.max(config.reps), config.slow_reps
+        "size", "dir", "pageable", "reg+copy", "staged", "auto", "pinned", config.reps, config.small_runs(), config.slow_reps
     );
     for &bytes in &config.sizes {
         let n = bytes / 4;
@@ -560,11 +575,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
             src: &src,
             n,
             settle_ms: config.settle_ms,
-            reps: match path {
-                Path4::Pageable | Path4::RegisterCopy if bytes >= 256 << 20 => config.slow_reps,
-                _ if bytes < SMALL_BELOW => config.small_reps.max(config.reps),
-                _ => config.reps,
-            },
+            reps: config.runs(path, bytes),
         };
         let mut bufs = Bufs {
             pinned: pool.alloc::<u32>(n)?,
