@@ -175,6 +175,12 @@ if [ "$mode" = staging ] || { [ "$mode" = measure ] && [ "${STAGING:-1}" = 1 ]; 
   # at once after their work instead of spinning on the cores the copies use.
   OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 400 python3 bench/peers/staging.py --out "$S/python-staging.json" ${PEER_ARGS:-} > "$S/python-staging.log" 2>&1 || { fail=1; note "PYTHON STAGING PEER FAILED"; }
   cat "$S/python-staging.log" | tee -a "$R/logs/summary.log"
+  # The targets against this round's figures (a miss is reported, not a failure of the round).
+  if [ -f "$S/staging.json" ]; then
+    python3 bench/peers/check_staging.py "$S/staging.json" $( [ -f "$S/python-staging.json" ] && echo "$S/python-staging.json") \
+      --out "$S/checks.json" > "$S/checks.log" 2>&1 || true
+    tee -a "$R/logs/summary.log" < "$S/checks.log"
+  fi
   save
 fi
 
