@@ -152,10 +152,13 @@ pub enum Route {
 /// The shape of a staging engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
-    /// Bytes in one pinned block (at least 4 KiB).
+    /// Bytes in one pinned block (at least 4 KiB). Each is a block of the
+    /// pinned pool, whose size classes round it up by less than an eighth
+    /// (8 MiB and 12 MiB stay as they are, 8 MiB + 1 byte takes 9 MiB).
     pub block_bytes: usize,
     /// Blocks in the ring (at least 1; 2 or more to overlap): the engine
-    /// never holds more than `blocks × block_bytes` of pinned memory.
+    /// never holds more than [`StagingConfig::total_bytes`] of pinned
+    /// memory.
     pub blocks: usize,
     /// Worker threads copying between the user's memory and the blocks,
     /// besides the thread driving the copy, which takes a piece of every
@@ -212,9 +215,12 @@ impl StagingConfig {
         }
     }
 
-    /// Pinned bytes the engine may hold at most.
+    /// Pinned bytes the engine may hold at most: `blocks` pool blocks of
+    /// `block_bytes`, each counted at its size class (what the pool hands
+    /// out and its statistics count).
     pub fn total_bytes(&self) -> usize {
-        self.blocks.saturating_mul(self.block_bytes)
+        self.blocks
+            .saturating_mul(crate::pool::size_class(self.block_bytes))
     }
 
     fn check(&self) -> Result<()> {
@@ -234,10 +240,14 @@ impl StagingConfig {
                 self.threads
             ));
         }
-        byte_size::<u8>(self.total_bytes())?;
-        if self.blocks.checked_mul(self.block_bytes).is_none() {
+        if self
+            .blocks
+            .checked_mul(crate::pool::size_class(self.block_bytes))
+            .is_none()
+        {
             return bad("staging blocks × block_bytes overflows".into());
         }
+        byte_size::<u8>(self.total_bytes())?;
         Ok(())
     }
 }
@@ -849,16 +859,14 @@ impl Staging {
         let elem = std::mem::size_of::<T>();
         let range = self.check_range(buf, at, len);
         let (device, addr, in_flight) = buf.staging_parts();
-        // The offset only when the range is inside the buffer (else it
-        // may overflow; the copy is refused anyway).
-        let offset = if range.is_ok() { (at * elem) as u64 } else { 0 };
-        let mut copy = StagedCopy::new(
-            &self.engine,
-            dir,
-            addr + offset,
-            len * elem,
-            Some(in_flight),
-        );
+        // Offset and bytes only when the range is inside the buffer (else
+        // they may overflow; the copy is refused anyway).
+        let (offset, bytes) = if range.is_ok() {
+            ((at * elem) as u64, len * elem)
+        } else {
+            (0, 0)
+        };
+        let mut copy = StagedCopy::new(&self.engine, dir, addr + offset, bytes, Some(in_flight));
         copy.fail_unless(range.and_then(|()| self.same_device(device)));
         copy
     }
@@ -1638,5 +1646,45 @@ mod piece_tests {
                 assert!(p.iter().rev().skip(1).all(|&n| n >= least));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::{Route, StagingConfig};
+
+    fn config(block_bytes: usize, blocks: usize) -> StagingConfig {
+        StagingConfig {
+            block_bytes,
+            blocks,
+            threads: 1,
+            route: Route::Auto,
+            direct_h2d_below: 0,
+            direct_d2h_below: 0,
+        }
+    }
+
+    #[test]
+    fn the_bound_counts_each_block_at_the_pools_size_class() {
+        // (block_bytes, what the pool hands out for it), written out.
+        for (block, class) in [
+            (4096, 4096),
+            (4097, 8192),
+            (12289, 16384),
+            ((64 << 10) + 4, 72 << 10),
+            (8 << 20, 8 << 20),
+            (12 << 20, 12 << 20),
+            ((8 << 20) + 1, 9 << 20),
+        ] {
+            assert_eq!(config(block, 3).total_bytes(), 3 * class, "{block}");
+            assert_eq!(crate::pool::size_class(block), class, "{block}");
+        }
+    }
+
+    #[test]
+    fn a_ring_whose_bound_overflows_is_refused() {
+        assert!(config(usize::MAX / 2, 3).check().is_err());
+        assert!(config(8 << 20, usize::MAX / (8 << 20)).check().is_err());
+        assert!(config(8 << 20, 4).check().is_ok());
     }
 }
