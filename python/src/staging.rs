@@ -66,9 +66,32 @@ fn contiguous<'py>(
             let np = obj.py().import("numpy")?;
             let arr = np.call_method1("asarray", (obj,))?;
             let v = ContiguousView::get(&arr, writable).map_err(|_| first)?;
+            if writable && v.len > 0 && !exposes(obj, v.ptr as usize) {
+                // NumPy made new memory: a copy into it would be lost.
+                return Err(crate::buffer_error(format!(
+                    "to_host: `out` ({}) gives NumPy only a copy of its memory, so the data would \
+                     never reach it: pass an object whose memory is written (a NumPy array, a \
+                     memory map, a bytearray, a PyTorch CPU tensor)",
+                    obj.get_type().name()?
+                )));
+            }
             Ok((v, Some(arr)))
         }
     }
+}
+
+/// Whether `obj` says its memory starts at `ptr`: a PyTorch tensor's
+/// `data_ptr()`, or the `__array_interface__`'s data address. Objects
+/// that say neither are taken to have copied.
+fn exposes(obj: &Bound<'_, PyAny>, ptr: usize) -> bool {
+    let torch = obj
+        .call_method0("data_ptr")
+        .and_then(|p| p.extract::<usize>());
+    let interface = || {
+        obj.getattr("__array_interface__")
+            .and_then(|i| i.get_item("data")?.get_item(0)?.extract::<usize>())
+    };
+    torch.ok() == Some(ptr) || interface().ok() == Some(ptr)
 }
 
 /// The dtype of a view, from its format.
@@ -177,8 +200,10 @@ fn in_ranges<E>(
 /// returned; into a new NumPy array of the array's shape and dtype when
 /// `out` is omitted.
 ///
-/// Raises `ValueError` when `out`'s size differs, `BufferError` for an
-/// `out` that is read-only or not contiguous.
+/// Raises `ValueError` when `out`'s size differs, `TypeError` for an `out`
+/// whose elements are not plain numbers (an object array), `BufferError`
+/// for an `out` that is read-only, not contiguous, or that NumPy can only
+/// copy (the data would never reach it).
 #[pyfunction]
 #[pyo3(signature = (array, out=None))]
 pub fn to_host<'py>(
@@ -225,6 +250,16 @@ fn host_out<'py>(
         }
     };
     let (view, keep) = contiguous(&out, true)?;
+    // Raw bytes go only into plain numbers: never over an object array's
+    // references (or a structured or byte-swapped dtype's fields).
+    let format = view.format.as_deref().unwrap_or("B");
+    if DType::from_format(format).is_none_or(|d| d.size() != view.itemsize) {
+        return Err(PyTypeError::new_err(format!(
+            "to_host: `out` holds elements of format {format:?} ({} bytes): it must hold plain \
+             numbers (a NumPy array of a numeric dtype, a bytearray, a CPU tensor)",
+            view.itemsize
+        )));
+    }
     if view.len != a.nbytes {
         return Err(PyValueError::new_err(format!(
             "to_host: out holds {} bytes, the device array {}",
@@ -528,8 +563,10 @@ impl Drop for Transfer {
         Python::attach(|py| {
             if matches!(&*self.shared.lock(), Stage::Running) {
                 self.shared.cancel.store(true, Ordering::SeqCst);
-                // Until the thread has let go of the host memory (within
-                // about CANCEL_CHECK and one block's copy), GIL released.
+                // Until the thread has let go of the host memory, GIL
+                // released: it stops between ranges (`in_ranges`: the first
+                // up to 1 GiB, the later ones about SIGNAL_CHECK long at the
+                // rate measured), so within one range's copy.
                 py.detach(|| {
                     let mut s = self.shared.lock();
                     while matches!(&*s, Stage::Running) {
