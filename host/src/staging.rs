@@ -48,6 +48,14 @@
 //! ring when their DMA is done, never earlier) and the device buffer, which
 //! records them: its next use waits for them and its free is deferred past
 //! them.
+//!
+//! # The ring is shared
+//! The copies of one engine (and its clones) share its blocks. A copy holds
+//! the blocks it has taken until it is polled to its end or dropped: a copy
+//! left pending unpolled (the losing branch of a `select!` kept alive) holds
+//! them meanwhile, and one passed to `std::mem::forget` holds them for good,
+//! so later copies of that engine wait for blocks that never come back. Drop
+//! copies you no longer poll; give independent users engines of their own.
 
 use crate::completion::{lock, Completion};
 use crate::device::Device;
