@@ -591,7 +591,7 @@ impl Staging {
             let dst: &'a DeviceBuffer<T> = dst;
             let len = range.end.saturating_sub(range.start);
             let (device, addr, in_flight) = dst.staging_parts();
-            let ok = ordered(&range)
+            let ok = ordered(&range, dst.len())
                 .and_then(|()| self.check_range(dst, range.start, len))
                 .and_then(|()| self.same_device(device))
                 .and_then(|()| {
@@ -727,7 +727,7 @@ impl Staging {
     ) -> StagedCopy<'a> {
         let len = range.end.saturating_sub(range.start);
         let mut copy = self.start(src, range.start, len, Dir::FileOut { file, at });
-        copy.fail_unless(ordered(&range));
+        copy.fail_unless(ordered(&range, src.len()));
         copy
     }
 
@@ -911,12 +911,12 @@ impl Staging {
 }
 
 /// `OutOfBounds` for a range whose end is before its start.
-fn ordered(range: &std::ops::Range<usize>) -> Result<()> {
+fn ordered(range: &std::ops::Range<usize>, len: usize) -> Result<()> {
     if range.end < range.start {
         return Err(Error::OutOfBounds {
             start: range.start,
             end: range.end,
-            len: range.end,
+            len,
         });
     }
     Ok(())
