@@ -18,6 +18,19 @@ def need(condition, reason):
     pytest.skip(reason)
 
 
+def torch_or_skip():
+    """PyTorch (CPU is enough), or a skip; a failure under TEST_TORCH=1."""
+    try:
+        import torch
+    except ImportError:
+        # run-tests.sh installs torch and says so (TEST_TORCH=1): then these
+        # tests must run, never skip.
+        if os.environ.get("TEST_TORCH") == "1":
+            pytest.fail("TEST_TORCH=1 (run-tests.sh installed PyTorch) but torch does not import")
+        pytest.skip("PyTorch is not installed (python/run-tests.sh installs it; TEST_TORCH=0 left it out)")
+    return torch
+
+
 @pytest.fixture(scope="module")
 def device():
     return gpufeed.default_device()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import gpufeed
+from conftest import torch_or_skip
 
 
 POISON = 0xA5
@@ -331,18 +332,6 @@ def test_bad_input_is_a_typed_error(device, tmp_path):
         f.write(b"\xff" * 64)
     with pytest.raises(ValueError, match="safetensors"):
         gpufeed.Loader(str(tmp_path / "bad.safetensors"), 4, device=device)
-
-
-def torch_or_skip():
-    try:
-        import torch
-    except ImportError:
-        # run-tests.sh installs torch and says so (TEST_TORCH=1): then these
-        # tests must run, never skip.
-        if os.environ.get("TEST_TORCH") == "1":
-            pytest.fail("TEST_TORCH=1 (run-tests.sh installed PyTorch) but torch does not import")
-        pytest.skip("PyTorch is not installed (python/run-tests.sh installs it; TEST_TORCH=0 left it out)")
-    return torch
 
 
 def test_torch_tensors_come_out_when_torch_is_there(device):

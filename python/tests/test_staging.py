@@ -5,7 +5,6 @@ device array without a copy. The copies release the GIL; the async forms are
 awaited in asyncio."""
 import _thread
 import asyncio
-import os
 import threading
 import time
 
@@ -14,7 +13,7 @@ import pytest
 
 import gpufeed
 
-from conftest import need
+from conftest import need, torch_or_skip
 
 POISON = 0xDEADBEEF
 
@@ -149,12 +148,7 @@ def test_to_host_refuses_an_out_that_numpy_can_only_copy(device):
 
 
 def test_a_cpu_tensor_is_written_in_place_by_to_host(device):
-    try:
-        import torch
-    except ImportError:
-        if os.environ.get("TEST_TORCH") == "1":
-            pytest.fail("TEST_TORCH=1 (run-tests.sh installed PyTorch) but torch does not import")
-        pytest.skip("PyTorch is not installed (python/run-tests.sh installs it; TEST_TORCH=0 left it out)")
+    torch = torch_or_skip()
     a = np.random.default_rng(19).standard_normal(300_001).astype(np.float32)
     d = gpufeed.to_device(a, device)
     base = torch.full((300_003,), float("nan"))
