@@ -123,10 +123,18 @@ impl DType {
     }
 
     /// From a name: NumPy's (`float32`, `f4`, `<f4`), PyTorch's
-    /// (`torch.float32`), the C-ish ones (`double`, `half`); `float` and
+    /// (`torch.float32`; `torch.float` and `torch.int` are 32-bit, as
+    /// PyTorch's aliases), the C-ish ones (`double`, `half`); `float` and
     /// `int` (and the builtin types) are 64-bit, as NumPy reads them.
     pub fn parse(name: &str) -> Option<DType> {
         let n = name.trim();
+        if let Some(t) = n.strip_prefix("torch.") {
+            match t {
+                "float" => return Some(DType::F32),
+                "int" => return Some(DType::I32),
+                _ => {}
+            }
+        }
         let n = n.strip_prefix("torch.").unwrap_or(n);
         let n = n
             .strip_prefix("dtype('")
@@ -190,6 +198,13 @@ mod tests {
             assert_eq!(d.dlpack().1 as usize, d.size() * 8);
         }
         assert_eq!(DType::parse("torch.float32"), Some(DType::F32));
+        // PyTorch's aliases are its own: 32-bit; NumPy's names 64-bit.
+        assert_eq!(DType::parse("torch.float"), Some(DType::F32));
+        assert_eq!(DType::parse("torch.int"), Some(DType::I32));
+        assert_eq!(DType::parse("torch.double"), Some(DType::F64));
+        assert_eq!(DType::parse("torch.long"), Some(DType::I64));
+        assert_eq!(DType::parse("float"), Some(DType::F64));
+        assert_eq!(DType::parse("int"), Some(DType::I64));
         assert_eq!(DType::parse("<f4"), Some(DType::F32));
         assert_eq!(DType::parse("complex64"), None);
     }

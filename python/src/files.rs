@@ -422,7 +422,10 @@ pub fn load_safetensors<'py>(
         let nbytes = elems
             .checked_mul(dtype.size())
             .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        if end < begin || end - begin != nbytes as u64 || data_start + end > size {
+        // Checked: the offsets are the file's, any u64 (a sum that wraps
+        // would pass and read the header as data).
+        let inside = data_start.checked_add(end).is_some_and(|e| e <= size);
+        if end < begin || end - begin != nbytes as u64 || !inside {
             return Err(bad(format!(
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));
@@ -572,7 +575,10 @@ pub fn save_safetensors(
     use pyo3::exceptions::PyTypeError;
     let path = path.to_string_lossy().into_owned();
     let mut arrays: Vec<(String, Bound<'_, DeviceArray>)> = Vec::with_capacity(tensors.len());
-    for (k, v) in tensors.iter() {
+    // A snapshot of the items: converting a value may run Python code
+    // that changes the dict (iterating it live would panic).
+    for item in tensors.items().iter() {
+        let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
         let name: String = k
             .extract()
             .map_err(|_| PyTypeError::new_err("save_safetensors: tensor names must be strings"))?;

@@ -289,7 +289,10 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        if end < begin || end - begin != nbytes as u64 || 8 + n + end > size {
+        // Checked: the offsets are the file's, any u64 (a sum that wraps
+        // would pass and map the header as data).
+        let inside = (8 + n).checked_add(end).is_some_and(|e| e <= size);
+        if end < begin || end - begin != nbytes as u64 || !inside {
             return Err(bad(format!(
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));
@@ -946,7 +949,10 @@ impl Loader {
                 return Err(PyValueError::new_err("Loader: an empty dict source"));
             }
             let mut fields = Vec::new();
-            for (k, v) in d.iter() {
+            // A snapshot of the items: reading a value may run Python
+            // code that changes the dict (iterating it live would panic).
+            for item in d.items().iter() {
+                let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
                 let k: String = k.extract().map_err(|_| {
                     PyTypeError::new_err("Loader: a dict source's keys are strings")
                 })?;

@@ -288,6 +288,20 @@ def test_bad_files_are_typed_errors(device, tmp_path):
     st.write_bytes(bytes(blob))
     with pytest.raises(ValueError):
         gpufeed.load_safetensors(st, device)
+    # Offsets whose sum with the header's end wraps past 2**64 (the header
+    # would be read as the tensor), for load_safetensors and Loader alike.
+    def wrapping(begin):
+        h = json.dumps({"t": {"dtype": "U8", "shape": [16],
+                              "data_offsets": [begin, begin + 16]}}).encode()
+        h += b" " * (-len(h) % 8)
+        st.write_bytes(struct.pack("<Q", len(h)) + h + bytes(16))
+        return 8 + len(h)
+    data_start = wrapping(0)
+    wrapping(2**64 - data_start)
+    with pytest.raises(ValueError, match="data_offsets"):
+        gpufeed.load_safetensors(st, device)
+    with pytest.raises(ValueError, match="data_offsets"):
+        gpufeed.Loader(str(st), 16, device=device)
 
 
 def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
@@ -505,3 +519,24 @@ def test_a_file_without_read_permission_raises_permission_error(device, tmp_path
         assert r.stdout.split() == ["PermissionError", "13"] * 3 + ["ok"], r.stdout  # EACCES
     finally:
         shutil.rmtree(d)
+
+
+def test_save_safetensors_takes_the_dicts_items_as_they_were_when_called(device, tmp_path):
+    tensors = {}
+
+    class Grows:
+        """Converting it adds a key to the dict being saved."""
+
+        def __array__(self, dtype=None, copy=None):
+            tensors["late"] = np.zeros(2, np.float32)
+            return np.arange(4, dtype=np.float32)
+
+    tensors["a"] = gpufeed.to_device(np.arange(4, dtype=np.float32), device)
+    tensors["b"] = Grows()
+    path = tmp_path / "grows.safetensors"
+    gpufeed.save_safetensors(path, tensors)  # no panic at the dict's growth
+    assert "late" in tensors
+    got = gpufeed.load_safetensors(path, device)
+    assert sorted(got) == ["a", "b"]
+    assert np.array_equal(gpufeed.to_host(got["a"]), np.arange(4, dtype=np.float32))
+    assert np.array_equal(gpufeed.to_host(got["b"]), np.arange(4, dtype=np.float32))
