@@ -787,9 +787,13 @@ impl<'a, T: Pod> Loader<'a, T> {
         let start = self.next_issue * b;
         let end = (start + b).min(self.indices.len());
         let n = end - start;
+        // A block holds the largest batch: never more rows than the epoch
+        // has (a batch_size far above them, even near usize::MAX, is one
+        // batch of every row).
+        let cap = b.min(self.indices.len());
         let block_bytes = match self.gather {
-            Gather::Host => self.fields.iter().map(|f| f.row_bytes() * b).sum(),
-            Gather::Device => 8 * b,
+            Gather::Host => self.fields.iter().map(|f| f.row_bytes() * cap).sum(),
+            Gather::Device => 8 * cap,
         };
         let t = std::time::Instant::now();
         let mut block = match lock(&self.free).pop() {

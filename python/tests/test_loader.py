@@ -515,3 +515,14 @@ def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device)
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert next(ld).tolist() == list(range(10, 20))  # the parent's goes on
+
+
+@pytest.mark.parametrize("batch_size", [11, 2**40, 2**62])
+def test_a_batch_size_above_the_rows_is_one_batch_of_every_row(device, batch_size):
+    a = np.random.default_rng(23).standard_normal((10, 3)).astype(np.float32)
+    ld = gpufeed.Loader(a, batch_size, device=device, framework="numpy")
+    assert len(ld) == 1
+    batches = list(ld)
+    assert len(batches) == 1 and np.array_equal(batches[0], a)
+    dropped = gpufeed.Loader(a, batch_size, drop_last=True, device=device, framework="numpy")
+    assert len(dropped) == 0 and list(dropped) == []
