@@ -211,6 +211,17 @@ def test_pipeline_bit_identical_to_reference(device, alloc):
     assert inp.state == out.state == "ready"
 
 
+@pytest.mark.parametrize("plan", [2**62, ("uniform", 2**62, 4), ("engines", 2**62, 3)])
+def test_a_plan_of_more_chunks_than_elements_runs_in_fewer_at_once(device, alloc, plan):
+    x = np.arange(10, dtype=np.float32)
+    inp, out = alloc.alloc(10), alloc.alloc(10)
+    inp.get_array()[:] = x
+    np.asarray(out)[:] = np.nan
+    info = gpufeed.Pipeline(device, streams=4).run(inp, out, kernel="scale", arg=3.0, plan=plan)
+    assert info["chunks"] == 1, info
+    assert np.array_equal(np.asarray(out), x * np.float32(3.0))
+
+
 def test_pipeline_to_a_device_array(device, alloc):
     n = 50_000
     inp = alloc.alloc(n)
