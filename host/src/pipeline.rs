@@ -1359,7 +1359,7 @@ mod tests {
         let t = std::time::Instant::now();
         for plan in [Plan::uniform(1 << 62, 4), Plan::engines(1 << 62, 4)] {
             assert_eq!(plan.ranges(10), vec![0..10]);
-            assert_eq!(plan.ranges(0), vec![]);
+            assert!(plan.ranges(0).is_empty());
             assert_eq!(plan.ranges(200), vec![0..64, 64..128, 128..192, 192..200]);
         }
         assert!(t.elapsed() < std::time::Duration::from_secs(5));
