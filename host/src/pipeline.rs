@@ -221,11 +221,10 @@ impl Plan {
             .fold(0usize, |a, &b| a.saturating_add(b))
             .saturating_mul(2);
         let sizes: Vec<usize> = if !self.ramp || n < ramp_total.saturating_add(m) {
-            // No more chunks than hold an element: a count far above `n`
-            // (any usize is a valid plan) costs nothing.
+            // Only the chunks that hold an element (none is empty): a count
+            // far above `n` (any usize is a valid plan) costs nothing.
             (0..self.chunks.min(n.div_ceil(m.max(1))))
                 .map(|i| self.chunk(i, n).len())
-                .filter(|l| *l > 0)
                 .collect()
         } else {
             let middle = n - ramp_total;

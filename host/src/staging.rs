@@ -834,7 +834,7 @@ impl Staging {
     /// `dst`. Never call it on an executor thread.
     ///
     /// # Errors
-    /// As [`Staging::h2d`].
+    /// As [`Staging::d2h`].
     pub fn d2h_blocking<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut [T]) -> Result<()> {
         let bytes = std::mem::size_of_val(dst);
         let below = self.engine.config.direct_d2h_below;

@@ -128,14 +128,12 @@ impl DType {
     /// `int` (and the builtin types) are 64-bit, as NumPy reads them.
     pub fn parse(name: &str) -> Option<DType> {
         let n = name.trim();
-        if let Some(t) = n.strip_prefix("torch.") {
-            match t {
-                "float" => return Some(DType::F32),
-                "int" => return Some(DType::I32),
-                _ => {}
-            }
-        }
-        let n = n.strip_prefix("torch.").unwrap_or(n);
+        let n = match n.strip_prefix("torch.") {
+            Some("float") => return Some(DType::F32),
+            Some("int") => return Some(DType::I32),
+            Some(t) => t,
+            None => n,
+        };
         let n = n
             .strip_prefix("dtype('")
             .and_then(|s| s.strip_suffix("')"))

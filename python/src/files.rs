@@ -337,6 +337,22 @@ pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
     })
 }
 
+/// Whether a safetensors tensor's `data_offsets` `[begin, end]` hold
+/// `nbytes` bytes inside a file of `size` bytes whose data region starts
+/// at `data_start`. Checked arithmetic: the offsets are the file's, any
+/// u64 (a sum that wrapped would pass and read the header as data).
+pub(crate) fn offsets_hold(
+    begin: u64,
+    end: u64,
+    nbytes: usize,
+    data_start: u64,
+    size: u64,
+) -> bool {
+    end >= begin
+        && end - begin == nbytes as u64
+        && data_start.checked_add(end).is_some_and(|e| e <= size)
+}
+
 /// `load_safetensors(path, device=None, direct=None, progress=None)`: every
 /// tensor of a safetensors file as a dict of name → `DeviceArray`
 /// (`{k: torch.from_dlpack(v) for k, v in d.items()}` gives torch tensors
@@ -422,10 +438,7 @@ pub fn load_safetensors<'py>(
         let nbytes = elems
             .checked_mul(dtype.size())
             .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        // Checked: the offsets are the file's, any u64 (a sum that wraps
-        // would pass and read the header as data).
-        let inside = data_start.checked_add(end).is_some_and(|e| e <= size);
-        if end < begin || end - begin != nbytes as u64 || !inside {
+        if !offsets_hold(begin, end, nbytes, data_start, size) {
             return Err(bad(format!(
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));

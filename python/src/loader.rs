@@ -26,7 +26,7 @@
 use crate::buffer::ContiguousView;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
-use crate::files::safetensors_dtype;
+use crate::files::{offsets_hold, safetensors_dtype};
 use crate::IntoPy;
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -289,10 +289,7 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        // Checked: the offsets are the file's, any u64 (a sum that wraps
-        // would pass and map the header as data).
-        let inside = (8 + n).checked_add(end).is_some_and(|e| e <= size);
-        if end < begin || end - begin != nbytes as u64 || !inside {
+        if !offsets_hold(begin, end, nbytes, 8 + n, size) {
             return Err(bad(format!(
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));

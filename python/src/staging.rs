@@ -94,14 +94,17 @@ fn exposes(obj: &Bound<'_, PyAny>, ptr: usize) -> bool {
     torch.ok() == Some(ptr) || interface().ok() == Some(ptr)
 }
 
-/// The dtype of a view, from its format.
-fn dtype_of(view: &ContiguousView) -> PyResult<DType> {
+/// The dtype of a view, from its format; `TypeError` naming `what` (the
+/// call and its argument) for elements that are not plain numbers of a
+/// device dtype (Python objects, structured or byte-swapped fields).
+fn dtype_of(view: &ContiguousView, what: &str) -> PyResult<DType> {
     let format = view.format.as_deref().unwrap_or("B");
     DType::from_format(format)
         .filter(|d| d.size() == view.itemsize)
         .ok_or_else(|| {
             PyTypeError::new_err(format!(
-                "to_device: an element format {format:?} of {} bytes has no device dtype",
+                "{what}: an element format {format:?} of {} bytes has no device dtype: plain \
+                 numbers only (a NumPy array of a numeric dtype, a bytearray, a CPU tensor)",
                 view.itemsize
             ))
         })
@@ -130,7 +133,7 @@ pub fn to_device(
     // The view last: the array is exported (its owner can't resize it)
     // until the copy is over.
     let (view, _keep) = contiguous(obj, false)?;
-    let dtype = dtype_of(&view)?;
+    let dtype = dtype_of(&view, "to_device")?;
     let array = DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?;
     let src = view.as_bytes();
     array.with_own("to_device()", |buf| {
@@ -252,14 +255,7 @@ fn host_out<'py>(
     let (view, keep) = contiguous(&out, true)?;
     // Raw bytes go only into plain numbers: never over an object array's
     // references (or a structured or byte-swapped dtype's fields).
-    let format = view.format.as_deref().unwrap_or("B");
-    if DType::from_format(format).is_none_or(|d| d.size() != view.itemsize) {
-        return Err(PyTypeError::new_err(format!(
-            "to_host: `out` holds elements of format {format:?} ({} bytes): it must hold plain \
-             numbers (a NumPy array of a numeric dtype, a bytearray, a CPU tensor)",
-            view.itemsize
-        )));
-    }
+    dtype_of(&view, "to_host: `out`")?;
     if view.len != a.nbytes {
         return Err(PyValueError::new_err(format!(
             "to_host: out holds {} bytes, the device array {}",
@@ -597,7 +593,7 @@ pub fn to_device_async(
     let device = device_or_default(py, device)?;
     engine_for(py, &device)?;
     let (view, keep) = contiguous(obj, false)?;
-    let dtype = dtype_of(&view)?;
+    let dtype = dtype_of(&view, "to_device_async")?;
     let array = Bound::new(
         py,
         DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?,
