@@ -18,7 +18,9 @@ Device to host, into an existing pageable array `out` unless said:
   * torch_pinned:        pinned.copy_(dev, non_blocking=True); synchronize (the bound)
   * gpufeed_to_host:     gpufeed.to_host(d, out=out)
 
-Timing: host wall time (time.perf_counter) around each call, including the
+Timing: the idioms of one size and direction take turns run by run, each
+run's order shuffled (seeded), so the machine's drift falls on all alike;
+host wall time (time.perf_counter) around each call, including the
 synchronize, 10 ms after the run's preparation (so the checker's own
 threads are idle; run it with OMP_WAIT_POLICY=PASSIVE so PyTorch's OpenMP
 threads sleep instead of spinning on the cores the copies use); one untimed warm-up, then --reps runs (--slow-reps for the
@@ -35,6 +37,7 @@ Output (--out): {"gpu", "driver", "torch", "numpy", "gpufeed", "rows":
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -94,38 +97,56 @@ def main():
             t = torch.as_tensor(result_dev, device="cuda")
             return bool(torch.equal(t.view(torch.int32), src_dev[r % 2].view(torch.int32)))
 
+        entries = []
+
         def run(idiom, direction, reps, call, check, prepare=None):
+            entries.append((idiom, direction, reps, call, check, prepare))
+
+        def play():
+            """The idioms of one direction in turn, run by run, each run's
+            order shuffled (seeded), as `host staging` does: the machine's
+            drift falls on every idiom alike."""
             nonlocal ok_all
-            times, verified = [], True
-            for r in range(reps + 1):
-                if prepare:
-                    prepare(r)
-                torch.cuda.synchronize()
-                time.sleep(0.01)
-                t0 = time.perf_counter()
-                res = call(r)
-                t = time.perf_counter() - t0
-                if r in (0, 1, reps) or idiom.startswith("gpufeed"):
-                    verified &= check(r, res)
-                if r > 0:
-                    times.append(t)
-                del res
-            gbps = [nbytes / t / 1e9 for t in times]
-            row = {
-                "bytes": nbytes,
-                "dir": direction,
-                "idiom": idiom,
-                "gbps": statistics.median(gbps),
-                "gbps_min": min(gbps),
-                "gbps_max": max(gbps),
-                "reps": reps,
-                "verified": verified,
-            }
-            ok_all &= verified
-            rows.append(row)
-            print(f"{nbytes >> 20:>6} MiB {direction} {idiom:<22} {row['gbps']:7.2f} GB/s "
-                  f"(min {row['gbps_min']:.2f}, max {row['gbps_max']:.2f}){'' if verified else '  WRONG'}",
-                  flush=True)
+            times = [[] for _ in entries]
+            verified = [True] * len(entries)
+            order = list(range(len(entries)))
+            shuffle = random.Random(nbytes ^ len(rows))
+            for r in range(max(e[2] for e in entries) + 1):
+                shuffle.shuffle(order)
+                for i in order:
+                    idiom, direction, reps, call, check, prepare = entries[i]
+                    if r > reps:
+                        continue
+                    if prepare:
+                        prepare(r)
+                    torch.cuda.synchronize()
+                    time.sleep(0.01)
+                    t0 = time.perf_counter()
+                    res = call(r)
+                    t = time.perf_counter() - t0
+                    if r in (0, 1, reps) or idiom.startswith("gpufeed"):
+                        verified[i] &= check(r, res)
+                    if r > 0:
+                        times[i].append(t)
+                    del res
+            for i, (idiom, direction, reps, *_rest) in enumerate(entries):
+                gbps = [nbytes / t / 1e9 for t in times[i]]
+                row = {
+                    "bytes": nbytes,
+                    "dir": direction,
+                    "idiom": idiom,
+                    "gbps": statistics.median(gbps),
+                    "gbps_min": min(gbps),
+                    "gbps_max": max(gbps),
+                    "reps": reps,
+                    "verified": verified[i],
+                }
+                ok_all &= verified[i]
+                rows.append(row)
+                print(f"{nbytes >> 20:>6} MiB {direction} {idiom:<22} {row['gbps']:7.2f} GB/s "
+                      f"(min {row['gbps_min']:.2f}, max {row['gbps_max']:.2f}){'' if verified[i] else '  WRONG'}",
+                      flush=True)
+            entries.clear()
 
         slow = args.slow_reps if nbytes >= (1 << 30) else args.reps
         fast = args.reps
@@ -175,6 +196,7 @@ def main():
 
         run("gpufeed_to_device", "h2d", fast, to_device,
             lambda r, d: h2d_check(torch.from_dlpack(d), r))
+        play()
 
         # Device to host.
         def load(r):
@@ -201,7 +223,6 @@ def main():
                 return out
 
             run("cupy_get_into", "d2h", slow, get_into, lambda r, o: same(o, srcs[r % 2]), load)
-            del c
 
         def pinned_back(r):
             pinned.copy_(dev, non_blocking=True)
@@ -219,6 +240,8 @@ def main():
             return gpufeed.to_host(d_ours[r % 2], out=out)
 
         run("gpufeed_to_host", "d2h", fast, to_host, lambda r, o: same(o, srcs[r % 2]), prep_ours)
+        play()
+        c = None
         del d_ours, dev, pinned, src_dev, out_t, out, a, b, srcs
         torch.cuda.empty_cache()
 

@@ -60,6 +60,9 @@ enum Cmd {
         /// Size of the shape sweep in bytes (0: none).
         #[arg(long)]
         sweep_bytes: Option<usize>,
+        /// Timed runs per shape in the sweep (default 7 on a GPU).
+        #[arg(long)]
+        sweep_reps: Option<usize>,
         /// Milliseconds of idle before each timed run (default 10: the
         /// engine's workers, which spin 2 ms after a copy, are parked).
         #[arg(long)]
@@ -273,6 +276,7 @@ fn run(cli: Cli) -> host::Result<()> {
             sizes,
             reps,
             sweep_bytes,
+            sweep_reps,
             settle_ms,
             routes,
         } => {
@@ -282,6 +286,7 @@ fn run(cli: Cli) -> host::Result<()> {
             c.sizes = sizes.unwrap_or(c.sizes);
             c.reps = reps.unwrap_or(c.reps).max(1);
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
+            c.sweep_reps = sweep_reps.unwrap_or(c.sweep_reps).max(1);
             demo::staging::run(&device, &c, &out).map(|_| ())
         }
         Cmd::Loader {

@@ -78,7 +78,7 @@ impl Config {
                 slow_reps: 3,
                 small_reps: 51,
                 sweep_bytes: 1 << 30,
-                sweep_reps: 3,
+                sweep_reps: 7,
                 settle_ms: 10,
                 routes: PATHS.to_vec(),
             }
@@ -140,6 +140,9 @@ pub struct SweepRow {
     pub blocks: usize,
     pub h2d_gbps: f64,
     pub d2h_gbps: f64,
+    /// The medians above ÷ the pinned copy's, measured in turn with them.
+    pub h2d_of_pinned: f64,
+    pub d2h_of_pinned: f64,
     pub verified: bool,
 }
 
@@ -436,35 +439,6 @@ impl Case<'_> {
         t.note(rep, secs, cpu, ok);
         Ok(bufs)
     }
-
-    /// Every run of one route, host to device (see [`Case::h2d_run`]).
-    fn h2d(
-        &self,
-        mut bufs: Bufs,
-        prep: Prep,
-        mut copy: impl FnMut(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
-    ) -> host::Result<(Bufs, Timed)> {
-        let mut t = Timed::new();
-        for rep in 0..=self.reps {
-            bufs = self.h2d_run(rep, bufs, prep, &mut t, &mut copy)?;
-        }
-        Ok((bufs, t))
-    }
-
-    /// Every run of one route, device to host (see [`Case::d2h_run`]).
-    fn d2h(
-        &self,
-        mut bufs: Bufs,
-        out: &mut Vec<u32>,
-        lands: Lands,
-        mut copy: impl FnMut(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
-    ) -> host::Result<(Bufs, Timed)> {
-        let mut t = Timed::new();
-        for rep in 0..=self.reps {
-            bufs = self.d2h_run(rep, bufs, out, lands, &mut t, &mut copy)?;
-        }
-        Ok((bufs, t))
-    }
 }
 
 /// An engine of the default shape (or `shape`: threads, block bytes,
@@ -757,7 +731,10 @@ fn pipeline_row(
 }
 
 /// The engine's shape swept at one size: threads × block size × blocks,
-/// every shape within the default 64 MiB bound.
+/// every shape within the default 64 MiB bound, against the pinned copy.
+/// Like the routes above, every shape and the pinned copy take turns run
+/// by run in a shuffled order, so the machine's drift falls on all alike
+/// and each shape's ratio to the pinned copy is of the same minutes.
 fn sweep(
     device: &Device,
     stream: &Stream,
@@ -769,17 +746,29 @@ fn sweep(
         return Ok(vec![]);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut threads: Vec<usize> = [4, 8, 12, 15].into_iter().filter(|&t| t <= cores).collect();
+    let mut threads: Vec<usize> = [8, 12, 15].into_iter().filter(|&t| t <= cores).collect();
     threads.push(StagingConfig::for_device(device).threads);
     threads.sort_unstable();
     threads.dedup();
-    let shapes = [
+    let blocks = [
         (4 << 20, 8),
         (8 << 20, 4),
         (8 << 20, 8),
         (16 << 20, 4),
         (32 << 20, 2),
     ];
+    // `None`: the pinned copy, the reference of every shape.
+    let mut shapes: Vec<Option<(usize, usize, usize)>> = vec![None];
+    for &t in &threads {
+        shapes.extend(blocks.iter().map(|&(b, n)| Some((t, b, n))));
+    }
+    let engines = shapes
+        .iter()
+        .map(|s| {
+            s.map(|shape| engine(device, Route::Staged, Some(shape)))
+                .transpose()
+        })
+        .collect::<host::Result<Vec<Option<Staging>>>>()?;
     let n = config.sweep_bytes / 4;
     let case = Case {
         stream,
@@ -793,52 +782,83 @@ fn sweep(
         dev: DeviceBuffer::new(device, n)?,
     };
     let mut user_out = vec![0u32; n];
-    let mut rows = Vec::new();
+    let mut timed: [Vec<Timed>; 2] = [
+        shapes.iter().map(|_| Timed::new()).collect(),
+        shapes.iter().map(|_| Timed::new()).collect(),
+    ];
+    let mut rng = fastrand::Rng::with_seed(config.sweep_bytes as u64 ^ 0x5eed);
+    let mut order: Vec<usize> = (0..shapes.len()).collect();
+    for (d, t) in timed.iter_mut().enumerate() {
+        for rep in 0..=config.sweep_reps {
+            rng.shuffle(&mut order);
+            for &i in &order {
+                bufs = match (&engines[i], d) {
+                    (None, 0) => case.h2d_run(rep, bufs, Prep::Pinned, &mut t[i], |_, _, b| {
+                        b.pinned_copy(stream, true)
+                    })?,
+                    (None, _) => case.d2h_run(
+                        rep,
+                        bufs,
+                        &mut user_out,
+                        Lands::Pinned,
+                        &mut t[i],
+                        |_, b| b.pinned_copy(stream, false),
+                    )?,
+                    (Some(e), 0) => {
+                        case.h2d_run(rep, bufs, Prep::Nothing, &mut t[i], |s, _, mut b| {
+                            e.h2d_blocking(s, &mut b.dev)?;
+                            Ok(b)
+                        })?
+                    }
+                    (Some(e), _) => {
+                        case.d2h_run(rep, bufs, &mut user_out, Lands::Out, &mut t[i], |o, b| {
+                            e.d2h_blocking(&b.dev, o)?;
+                            Ok(b)
+                        })?
+                    }
+                };
+            }
+        }
+    }
+    let bytes = config.sweep_bytes;
+    let pinned = |d: usize| timed[d][0].row(bytes, Path4::Pinned, "").gbps;
+    let (pin_h, pin_d) = (pinned(0), pinned(1));
     println!(
-        "\n   the engine's shape at {} ({} runs each, medians, GB/s):",
-        size(config.sweep_bytes),
+        "\n   the engine's shape at {} ({} runs each, shapes and the pinned copy in turn, medians; pinned {pin_h:.2} / {pin_d:.2} GB/s):",
+        size(bytes),
         config.sweep_reps
     );
     println!(
-        "   {:>7} {:>9} {:>6} {:>8} {:>8}",
-        "threads", "block", "blocks", "h2d", "d2h"
+        "   {:>7} {:>9} {:>6} {:>8} {:>8} {:>8} {:>8}",
+        "threads", "block", "blocks", "h2d", "÷pinned", "d2h", "÷pinned"
     );
-    for &t in &threads {
-        for &(block_bytes, blocks) in &shapes {
-            let e = engine(device, Route::Staged, Some((t, block_bytes, blocks)))?;
-            let (b, th) = case.h2d(bufs, Prep::Nothing, |s, _, mut b| {
-                e.h2d_blocking(s, &mut b.dev)?;
-                Ok(b)
-            })?;
-            let (b, td) = case.d2h(b, &mut user_out, Lands::Out, |o, b| {
-                e.d2h_blocking(&b.dev, o)?;
-                Ok(b)
-            })?;
-            bufs = b;
-            let (h, d) = (
-                th.row(config.sweep_bytes, Path4::Staged, "h2d"),
-                td.row(config.sweep_bytes, Path4::Staged, "d2h"),
-            );
-            println!(
-                "   {t:>7} {:>9} {blocks:>6} {:>8.2} {:>8.2}{}",
-                size(block_bytes),
-                h.gbps,
-                d.gbps,
-                if h.verified && d.verified {
-                    ""
-                } else {
-                    " WRONG"
-                }
-            );
-            rows.push(SweepRow {
-                threads: t,
-                block_bytes,
-                blocks,
-                h2d_gbps: h.gbps,
-                d2h_gbps: d.gbps,
-                verified: h.verified && d.verified,
-            });
-        }
+    let mut rows = Vec::new();
+    for (i, shape) in shapes.iter().enumerate() {
+        let Some((t, block_bytes, blocks)) = *shape else {
+            continue;
+        };
+        let h = timed[0][i].row(bytes, Path4::Staged, "h2d");
+        let d = timed[1][i].row(bytes, Path4::Staged, "d2h");
+        let verified = h.verified && d.verified && timed[0][0].verified && timed[1][0].verified;
+        println!(
+            "   {t:>7} {:>9} {blocks:>6} {:>8.2} {:>8.3} {:>8.2} {:>8.3}{}",
+            size(block_bytes),
+            h.gbps,
+            h.gbps / pin_h,
+            d.gbps,
+            d.gbps / pin_d,
+            if verified { "" } else { " WRONG" }
+        );
+        rows.push(SweepRow {
+            threads: t,
+            block_bytes,
+            blocks,
+            h2d_gbps: h.gbps,
+            d2h_gbps: d.gbps,
+            h2d_of_pinned: h.gbps / pin_h,
+            d2h_of_pinned: d.gbps / pin_d,
+            verified,
+        });
     }
     Ok(rows)
 }
