@@ -19,16 +19,8 @@
 //! so every claimed piece's writes happen before it (see `claim.rs`).
 //! Parking is the Dekker pattern on `parked` and `generation`, both
 //! SeqCst: a worker counts itself parked, then looks at the generation
-//! before each `park`; the caller bumps the generation, then, if anyone is
-//! parked, unparks the first two workers (an unpark that comes before the
-//! park makes it return at once). Each worker that sees a new generation
-//! unparks two more (worker `i` those at `2i + 2` and `2i + 3`) while any
-//! are parked, so the wake-up spreads as a tree: the caller makes two
-//! wake-up calls and starts copying, and no worker waits for another to
-//! run first. (Parked on one condition variable, the workers woke one after
-//! the other: each had to take its mutex back in turn, and on the H200
-//! machine's VM each hand-over cost tens of microseconds, the last of 12
-//! workers joining some 0.5 ms late.)
+//! under the lock; the caller bumps the generation, then notifies if anyone
+//! is parked.
 
 use crate::claim::{Claims, MAX_PARTS};
 use crate::completion::lock;
@@ -36,8 +28,8 @@ use crate::error::{Error, Result};
 use std::os::unix::fs::FileExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::{JoinHandle, Thread};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before it parks.
@@ -140,11 +132,8 @@ struct Shared {
     /// error).
     failed: Mutex<Option<Error>>,
     parked: AtomicUsize,
-    /// The workers, by index, for the wake-up tree (set once all started).
-    threads: OnceLock<Vec<Thread>>,
-    /// Times a worker came out of its wait for a job.
-    #[cfg(test)]
-    woke: AtomicUsize,
+    wake: Condvar,
+    sleep: Mutex<()>,
     stop: AtomicBool,
     /// A test hook: the next piece copied panics instead.
     plant: AtomicBool,
@@ -174,9 +163,8 @@ impl CopyWorkers {
             next_seq: AtomicU64::new(1),
             failed: Mutex::new(None),
             parked: AtomicUsize::new(0),
-            threads: OnceLock::new(),
-            #[cfg(test)]
-            woke: AtomicUsize::new(0),
+            wake: Condvar::new(),
+            sleep: Mutex::new(()),
             stop: AtomicBool::new(false),
             plant: AtomicBool::new(false),
         });
@@ -192,7 +180,7 @@ impl CopyWorkers {
                 .name(format!("staging-{index}"))
                 .spawn(move || {
                     init();
-                    work(&shared, index);
+                    work(&shared);
                 });
             match spawned {
                 Ok(h) => workers.threads.push(h),
@@ -204,10 +192,6 @@ impl CopyWorkers {
                 }
             }
         }
-        let handles = workers.threads.iter().map(|h| h.thread().clone()).collect();
-        // Set once, here, before any job can start: `run` needs the
-        // `CopyWorkers` this returns.
-        let _ = shared.threads.set(handles);
         Ok(workers)
     }
 
@@ -341,7 +325,8 @@ impl CopyWorkers {
         s.claims.open(job.seq);
         s.generation.fetch_add(1, Ordering::SeqCst);
         if s.parked.load(Ordering::SeqCst) > 0 {
-            s.unpark(&[0, 1]);
+            let _g = lock(&s.sleep);
+            s.wake.notify_all();
         }
         // This thread takes pieces too, from the first: it never waits for
         // a worker to wake, only for pieces already taken to finish.
@@ -384,8 +369,9 @@ impl Drop for CopyWorkers {
         let s = &*self.shared;
         s.stop.store(true, Ordering::SeqCst);
         s.generation.fetch_add(1, Ordering::SeqCst);
-        if let Some(all) = s.threads.get() {
-            all.iter().for_each(Thread::unpark);
+        {
+            let _g = lock(&s.sleep);
+            s.wake.notify_all();
         }
         for t in self.threads.drain(..) {
             // A completion thread may drop the last engine: joining threads
@@ -567,21 +553,8 @@ fn backoff(spins: u32) {
     }
 }
 
-impl Shared {
-    /// Unparks the workers at `indices` (those that exist).
-    fn unpark(&self, indices: &[usize]) {
-        if let Some(all) = self.threads.get() {
-            indices
-                .iter()
-                .filter_map(|&i| all.get(i))
-                .for_each(Thread::unpark);
-        }
-    }
-}
-
-/// A worker's loop: wait for a new job (spin, then park), pass the wake-up
-/// on (see the module's notes), copy its pieces.
-fn work(s: &Shared, index: usize) {
+/// A worker's loop: wait for a new job (spin, then park), copy its piece.
+fn work(s: &Shared) {
     let mut seen = 0;
     loop {
         let spin_until = Instant::now() + SPIN_FOR;
@@ -589,21 +562,15 @@ fn work(s: &Shared, index: usize) {
         while s.generation.load(Ordering::SeqCst) == seen {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) && Instant::now() >= spin_until {
+                let mut g = lock(&s.sleep);
                 s.parked.fetch_add(1, Ordering::SeqCst);
-                // A spurious return, or an unpark meant for an earlier
-                // job, only goes round again.
                 while s.generation.load(Ordering::SeqCst) == seen {
-                    std::thread::park();
+                    g = s.wake.wait(g).unwrap_or_else(|p| p.into_inner());
                 }
                 s.parked.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
             backoff(spins);
-        }
-        #[cfg(test)]
-        s.woke.fetch_add(1, Ordering::SeqCst);
-        if s.parked.load(Ordering::SeqCst) > 0 {
-            s.unpark(&[2 * index + 2, 2 * index + 3]);
         }
         seen = s.generation.load(Ordering::SeqCst);
         if s.stop.load(Ordering::SeqCst) {
@@ -620,49 +587,6 @@ fn work(s: &Shared, index: usize) {
                 }
             }
             s.claims.finish();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Waits up to 10 s for `cond`.
-    fn eventually(cond: impl Fn() -> bool) -> bool {
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if cond() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        cond()
-    }
-
-    #[test]
-    fn every_parked_worker_wakes_for_the_next_job_and_parks_again() {
-        for n in [1, 2, 3, 5, 12, 13] {
-            let w = CopyWorkers::start(n, || {}).unwrap();
-            let s = &*w.shared;
-            for round in 0..3u8 {
-                assert!(
-                    eventually(|| s.parked.load(Ordering::SeqCst) == n),
-                    "{n} workers: not all parked before round {round}"
-                );
-                let woke = s.woke.load(Ordering::SeqCst);
-                let src: Vec<u8> = (0..8 << 20)
-                    .map(|i: usize| (i % 251) as u8 ^ round)
-                    .collect();
-                let mut dst = vec![0u8; src.len()];
-                w.copy(&src, &mut dst).unwrap();
-                assert!(dst == src, "{n} workers: round {round} copied wrong bytes");
-                assert!(
-                    eventually(|| s.woke.load(Ordering::SeqCst) >= woke + n),
-                    "{n} workers: only {} of them woke for round {round}",
-                    s.woke.load(Ordering::SeqCst) - woke
-                );
-            }
         }
     }
 }
