@@ -132,6 +132,9 @@ struct Shared {
     /// error).
     failed: Mutex<Option<Error>>,
     parked: AtomicUsize,
+    /// Times a worker came out of its wait for a job.
+    #[cfg(test)]
+    woke: AtomicUsize,
     wake: Condvar,
     sleep: Mutex<()>,
     stop: AtomicBool,
@@ -163,6 +166,8 @@ impl CopyWorkers {
             next_seq: AtomicU64::new(1),
             failed: Mutex::new(None),
             parked: AtomicUsize::new(0),
+            #[cfg(test)]
+            woke: AtomicUsize::new(0),
             wake: Condvar::new(),
             sleep: Mutex::new(()),
             stop: AtomicBool::new(false),
@@ -572,6 +577,8 @@ fn work(s: &Shared) {
             }
             backoff(spins);
         }
+        #[cfg(test)]
+        s.woke.fetch_add(1, Ordering::SeqCst);
         seen = s.generation.load(Ordering::SeqCst);
         if s.stop.load(Ordering::SeqCst) {
             return;
@@ -587,6 +594,49 @@ fn work(s: &Shared) {
                 }
             }
             s.claims.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits up to 10 s for `cond`.
+    fn eventually(cond: impl Fn() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cond()
+    }
+
+    #[test]
+    fn every_parked_worker_wakes_for_the_next_job_and_parks_again() {
+        for n in [1, 2, 3, 5, 12, 13] {
+            let w = CopyWorkers::start(n, || {}).unwrap();
+            let s = &*w.shared;
+            for round in 0..3u8 {
+                assert!(
+                    eventually(|| s.parked.load(Ordering::SeqCst) == n),
+                    "{n} workers: not all parked before round {round}"
+                );
+                let woke = s.woke.load(Ordering::SeqCst);
+                let src: Vec<u8> = (0..8 << 20)
+                    .map(|i: usize| (i % 251) as u8 ^ round)
+                    .collect();
+                let mut dst = vec![0u8; src.len()];
+                w.copy(&src, &mut dst).unwrap();
+                assert!(dst == src, "{n} workers: round {round} copied wrong bytes");
+                assert!(
+                    eventually(|| s.woke.load(Ordering::SeqCst) >= woke + n),
+                    "{n} workers: only {} of them woke for round {round}",
+                    s.woke.load(Ordering::SeqCst) - woke
+                );
+            }
         }
     }
 }
