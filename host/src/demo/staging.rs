@@ -746,16 +746,20 @@ fn sweep(
         return Ok(vec![]);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut threads: Vec<usize> = [8, 12, 15].into_iter().filter(|&t| t <= cores).collect();
+    let mut threads: Vec<usize> = [12, 15].into_iter().filter(|&t| t <= cores).collect();
     threads.push(StagingConfig::for_device(device).threads);
     threads.sort_unstable();
     threads.dedup();
+    // Rings of 16, 24, 32 and 64 MiB in all.
     let blocks = [
+        (2 << 20, 8),
+        (4 << 20, 4),
+        (8 << 20, 2),
+        (4 << 20, 6),
+        (8 << 20, 3),
         (4 << 20, 8),
         (8 << 20, 4),
-        (8 << 20, 8),
         (16 << 20, 4),
-        (32 << 20, 2),
     ];
     // `None`: the pinned copy, the reference of every shape.
     let mut shapes: Vec<Option<(usize, usize, usize)>> = vec![None];
