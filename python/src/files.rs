@@ -15,6 +15,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::fs::File;
+use std::path::{Path, PathBuf};
 
 /// With a progress callback, a file is read or written in ranges of this
 /// many bytes, the callback called after each.
@@ -73,8 +74,8 @@ impl<'py> Progress<'py> {
 
 /// The OSError subclass of an I/O error (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`...), its message naming `path`.
-fn open_error(path: &str, e: std::io::Error) -> PyErr {
-    crate::os_error(&e, format!("{path}: {e}"))
+fn open_error(path: &Path, e: std::io::Error) -> PyErr {
+    crate::os_error(&e, format!("{}: {e}", path.display()))
 }
 
 /// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours),
@@ -82,7 +83,7 @@ fn open_error(path: &str, e: std::io::Error) -> PyErr {
 fn fill_from_file(
     py: Python<'_>,
     array: &DeviceArray,
-    path: &str,
+    path: &Path,
     offset: u64,
     io: host::FileIo,
     progress: &mut Progress<'_>,
@@ -133,13 +134,21 @@ fn drain_to_file(
     })
 }
 
+/// Where a file is written before its rename to `path`: `path` +
+/// ".partial" (the name kept byte for byte, UTF-8 or not).
+fn partial(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
 /// Finishes a file written at `tmp`: its length, its data on the disk,
 /// then its name; removes it on any failure (of `written` too).
 fn finish_atomically(
     py: Python<'_>,
     file: File,
-    tmp: &str,
-    path: &str,
+    tmp: &Path,
+    path: &Path,
     len: u64,
     written: PyResult<()>,
 ) -> PyResult<()> {
@@ -174,7 +183,7 @@ fn finish_atomically(
 #[allow(clippy::too_many_arguments)]
 pub fn read_file(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     dtype: &Bound<'_, PyAny>,
     shape: Option<&Bound<'_, PyAny>>,
     offset: u64,
@@ -182,7 +191,6 @@ pub fn read_file(
     direct: Option<bool>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<DeviceArray> {
-    let path = path.to_string_lossy().into_owned();
     let dtype = crate::device::parse_dtype_or_f32(Some(dtype))?;
     let shape = match shape {
         Some(s) => crate::device::parse_shape(s)?,
@@ -192,7 +200,8 @@ pub fn read_file(
                 .len();
             let rest = len.checked_sub(offset).ok_or_else(|| {
                 PyValueError::new_err(format!(
-                    "{path}: offset {offset} is past its end ({len} bytes)"
+                    "{}: offset {offset} is past its end ({len} bytes)",
+                    path.display()
                 ))
             })?;
             vec![(rest / dtype.size() as u64) as usize]
@@ -206,10 +215,10 @@ pub fn read_file(
 }
 
 /// The `.npy` header of `path`: (shape, dtype, data offset).
-fn npy_header(py: Python<'_>, path: &str) -> PyResult<(Vec<usize>, DType, u64)> {
+fn npy_header(py: Python<'_>, path: &Path) -> PyResult<(Vec<usize>, DType, u64)> {
     let format = py.import("numpy.lib.format")?;
     let io = py.import("io")?;
-    let f = io.call_method1("open", (path, "rb"))?;
+    let f = io.call_method1("open", (path.as_os_str(), "rb"))?;
     let read = || -> PyResult<(Vec<usize>, DType, u64)> {
         let (major, _minor): (u8, u8) = format.call_method1("read_magic", (&f,))?.extract()?;
         let header = match major {
@@ -217,7 +226,8 @@ fn npy_header(py: Python<'_>, path: &str) -> PyResult<(Vec<usize>, DType, u64)> 
             2 => format.call_method1("read_array_header_2_0", (&f,))?,
             v => {
                 return Err(PyValueError::new_err(format!(
-                    "{path}: .npy format version {v} is not supported (1 and 2 are)"
+                    "{}: .npy format version {v} is not supported (1 and 2 are)",
+                    path.display()
                 )))
             }
         };
@@ -228,13 +238,15 @@ fn npy_header(py: Python<'_>, path: &str) -> PyResult<(Vec<usize>, DType, u64)> 
             .filter(|_| !name.starts_with('>'))
             .ok_or_else(|| {
                 PyValueError::new_err(format!(
-                    "{path}: dtype {name:?} has no device dtype (little-endian numbers only)"
+                    "{}: dtype {name:?} has no device dtype (little-endian numbers only)",
+                    path.display()
                 ))
             })?;
         if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
             return Err(PyValueError::new_err(format!(
-                "{path}: the array is stored in Fortran order; load it with numpy.load and \
-                 pass numpy.ascontiguousarray(a) to to_device"
+                "{}: the array is stored in Fortran order; load it with numpy.load and \
+                 pass numpy.ascontiguousarray(a) to to_device",
+                path.display()
             )));
         }
         Ok((shape, dtype, offset))
@@ -255,12 +267,11 @@ fn npy_header(py: Python<'_>, path: &str) -> PyResult<(Vec<usize>, DType, u64)> 
 #[pyo3(signature = (path, device=None, direct=None, progress=None))]
 pub fn load(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     device: Option<&Device>,
     direct: Option<bool>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<DeviceArray> {
-    let path = path.to_string_lossy().into_owned();
     let (shape, dtype, offset) = npy_header(py, &path)?;
     let device = device_or_default(py, device)?;
     let array = DeviceArray::alloc(py, &device, shape, dtype)?;
@@ -277,11 +288,10 @@ pub fn load(
 #[pyo3(signature = (path, array, progress=None))]
 pub fn save(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     array: &Bound<'_, DeviceArray>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let path = path.to_string_lossy().into_owned();
     let a = array.get();
     if a.dtype == DType::BF16 {
         return Err(PyValueError::new_err(
@@ -289,14 +299,14 @@ pub fn save(
         ));
     }
     let mut progress = Progress::new(progress, a.nbytes as u64)?;
-    let tmp = format!("{path}.partial");
+    let tmp = partial(&path);
     let format = py.import("numpy.lib.format")?;
     let io = py.import("io")?;
     let header = PyDict::new(py);
     header.set_item("descr", a.dtype.typestr())?;
     header.set_item("fortran_order", false)?;
     header.set_item("shape", PyTuple::new(py, &a.shape)?)?;
-    let f = io.call_method1("open", (&tmp, "wb"))?;
+    let f = io.call_method1("open", (tmp.as_os_str(), "wb"))?;
     let wrote = format.call_method1("write_array_header_1_0", (&f, &header));
     let offset: PyResult<u64> = wrote.and_then(|_| f.call_method0("tell")?.extract());
     f.call_method0("close")?;
@@ -368,14 +378,15 @@ pub(crate) fn offsets_hold(
 #[pyo3(signature = (path, device=None, direct=None, progress=None))]
 pub fn load_safetensors<'py>(
     py: Python<'py>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     device: Option<&Device>,
     direct: Option<bool>,
     progress: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     use std::io::Read;
-    let path = path.to_string_lossy().into_owned();
-    let bad = |why: String| PyValueError::new_err(format!("{path}: not a safetensors file: {why}"));
+    let bad = |why: String| {
+        PyValueError::new_err(format!("{}: not a safetensors file: {why}", path.display()))
+    };
     let mut file = File::open(&path).map_err(|e| open_error(&path, e))?;
     let size = file.metadata().map_err(|e| open_error(&path, e))?.len();
     let mut n = [0u8; 8];
@@ -529,11 +540,10 @@ fn read_pieces(
 #[pyo3(signature = (path, direct=None, device=None))]
 pub fn file_read_mode(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     direct: Option<bool>,
     device: Option<&Device>,
 ) -> PyResult<&'static str> {
-    let path = path.to_string_lossy().into_owned();
     let file = File::open(&path).map_err(|e| open_error(&path, e))?;
     let device = device_or_default(py, device)?;
     let staging = crate::staging::engine_for(py, &device)?;
@@ -580,13 +590,12 @@ fn safetensors_name(dtype: DType) -> &'static str {
 #[pyo3(signature = (path, tensors, metadata=None, progress=None))]
 pub fn save_safetensors(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: PathBuf,
     tensors: &Bound<'_, PyDict>,
     metadata: Option<&Bound<'_, PyDict>>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     use pyo3::exceptions::PyTypeError;
-    let path = path.to_string_lossy().into_owned();
     let mut arrays: Vec<(String, Bound<'_, DeviceArray>)> = Vec::with_capacity(tensors.len());
     // A snapshot of the items: converting a value may run Python code
     // that changes the dict (iterating it live would panic).
@@ -638,7 +647,7 @@ pub fn save_safetensors(
     head.resize(head.len().next_multiple_of(8), b' ');
     let data_start = 8 + head.len() as u64;
     let mut progress = Progress::new(progress, pos)?;
-    let tmp = format!("{path}.partial");
+    let tmp = partial(&path);
     let file = File::create(&tmp).map_err(|e| open_error(&tmp, e))?;
     let written = (|| -> PyResult<()> {
         use std::os::unix::fs::FileExt;

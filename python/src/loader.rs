@@ -237,11 +237,17 @@ fn npy_list_field(
 
 /// Every tensor of a safetensors file as a field (rows: its first axis),
 /// memory-mapped.
-fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<Vec<Field>> {
+fn safetensors_fields(
+    py: Python<'_>,
+    path: &std::path::Path,
+    keep: &mut Keep,
+) -> PyResult<Vec<Field>> {
     use std::io::Read;
-    let bad = |why: String| PyValueError::new_err(format!("{path}: not a safetensors file: {why}"));
+    let shown = path.display();
+    let bad =
+        |why: String| PyValueError::new_err(format!("{shown}: not a safetensors file: {why}"));
     let mut file = std::fs::File::open(path)
-        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{path}: {e}"))))?;
+        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{shown}: {e}"))))?;
     let size = file.metadata()?.len();
     let mut n = [0u8; 8];
     file.read_exact(&mut n)
@@ -275,7 +281,7 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
         let dtype_name: String = get("dtype")?.extract()?;
         let dtype = safetensors_dtype(&dtype_name).ok_or_else(|| {
             PyTypeError::new_err(format!(
-                "{path}: tensor {name:?} has dtype {dtype_name}, which the loader does not support"
+                "{shown}: tensor {name:?} has dtype {dtype_name}, which the loader does not support"
             ))
         })?;
         let shape: Vec<usize> = get("shape")?.extract()?;
@@ -294,7 +300,7 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
                 "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
             )));
         }
-        let what = format!("tensor {name:?} of {path}");
+        let what = format!("tensor {name:?} of {shown}");
         let Some((&rows, row_shape)) = shape.split_first() else {
             return Err(PyValueError::new_err(format!(
                 "Loader: {what} is 0-dimensional; rows are its first axis"
@@ -314,7 +320,9 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
             kwargs.set_item("mode", "r")?;
             kwargs.set_item("offset", 8 + n + begin)?;
             kwargs.set_item("shape", (nbytes,))?;
-            let m = np.getattr("memmap")?.call((path,), Some(&kwargs))?;
+            let m = np
+                .getattr("memmap")?
+                .call((path.as_os_str(),), Some(&kwargs))?;
             let view = ContiguousView::get(&m, false)?;
             let p = view.ptr as *const u8;
             keep.views.push(view);
@@ -331,14 +339,15 @@ fn safetensors_fields(py: Python<'_>, path: &str, keep: &mut Keep) -> PyResult<V
     }
     if fields.is_empty() {
         return Err(PyValueError::new_err(format!(
-            "Loader: {path} holds no tensor"
+            "Loader: {shown} holds no tensor"
         )));
     }
     Ok(fields)
 }
 
-/// A path-like object as a string, if it is one.
-fn as_path(obj: &Bound<'_, PyAny>) -> Option<String> {
+/// A path-like object as a path (its bytes as given, UTF-8 or not), if it
+/// is one.
+fn as_path(obj: &Bound<'_, PyAny>) -> Option<std::path::PathBuf> {
     if obj.is_instance_of::<PyString>() || obj.hasattr("__fspath__").unwrap_or(false) {
         let os = obj.py().import("os").ok()?;
         os.call_method1("fspath", (obj,)).ok()?.extract().ok()
@@ -359,7 +368,11 @@ fn value_fields(
         None => "the source".into(),
     };
     if let Some(path) = as_path(obj) {
-        if path.ends_with(".safetensors") {
+        if path
+            .as_os_str()
+            .as_encoded_bytes()
+            .ends_with(b".safetensors")
+        {
             let mut fields = safetensors_fields(py, &path, keep)?;
             if let (Some(n), [f]) = (&name, &mut fields[..]) {
                 f.name = Some(n.clone());

@@ -540,3 +540,32 @@ def test_save_safetensors_takes_the_dicts_items_as_they_were_when_called(device,
     assert sorted(got) == ["a", "b"]
     assert np.array_equal(gpufeed.to_host(got["a"]), np.arange(4, dtype=np.float32))
     assert np.array_equal(gpufeed.to_host(got["b"]), np.arange(4, dtype=np.float32))
+
+
+def test_file_names_that_are_not_utf8_are_kept_byte_for_byte(device, tmp_path):
+    # A Latin-1 name: bytes that are not UTF-8, given as Python gives them
+    # (a str with surrogate escapes, and a pathlib.Path of it).
+    name = os.fsdecode(b"caf\xe9")
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((33, 7)).astype(np.float32)
+    d = gpufeed.to_device(a, device)
+    gpufeed.save(str(tmp_path / (name + ".npy")), d)
+    gpufeed.save_safetensors(tmp_path / (name + ".safetensors"), {"a": d})
+    # The files carry exactly those bytes (no U+FFFD in their place), and no
+    # leftover `.partial`.
+    assert sorted(os.listdir(os.fsencode(tmp_path))) == [b"caf\xe9.npy", b"caf\xe9.safetensors"]
+    for back in (
+        gpufeed.load(tmp_path / (name + ".npy"), device),
+        gpufeed.load_safetensors(str(tmp_path / (name + ".safetensors")), device)["a"],
+    ):
+        assert np.array_equal(host_copy(back).view(np.uint8), a.view(np.uint8))
+    raw = gpufeed.read_file(tmp_path / (name + ".npy"), "uint8", device=device)
+    assert np.array_equal(host_copy(raw), np.frombuffer((tmp_path / (name + ".npy")).read_bytes(), np.uint8))
+    assert gpufeed.file_read_mode(tmp_path / (name + ".npy")) in ("direct", "buffered")
+    # A missing file of such a name is reported by that name.
+    with pytest.raises(FileNotFoundError, match="caf"):
+        gpufeed.load(tmp_path / (name + "-missing.npy"), device)
+    # The loader takes such a safetensors path too.
+    ld = gpufeed.Loader(str(tmp_path / (name + ".safetensors")), 33, device=device, framework="gpufeed")
+    (batch,) = list(ld)
+    assert np.array_equal(host_copy(batch["a"]).view(np.uint8), a.view(np.uint8))
