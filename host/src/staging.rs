@@ -183,20 +183,19 @@ pub struct StagingConfig {
 }
 
 impl StagingConfig {
-    /// The default for `device`: 4 blocks of 8 MiB; workers on three
-    /// quarters of the CPUs of the GPU's NUMA node (of all CPUs when it has
-    /// none), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct copies
-    /// below 512 KiB both ways.
+    /// The default for `device`: 4 blocks of 8 MiB; a worker on every CPU
+    /// of the GPU's NUMA node (of all CPUs when it has none) but one, which
+    /// the thread driving the copy takes, at least 1 and at most
+    /// [`DEFAULT_MAX_THREADS`]; direct copies below 512 KiB both ways.
     ///
-    /// Measured on the H200 machine (16 cores, 1 GiB, `host staging`'s
-    /// sweep): 8-12 workers reached 47-53 GB/s host-to-device and 44-47
-    /// device-to-host; 14-15 workers, with the thread driving the copy, the
-    /// completion thread and the driver's own threads, were more threads
-    /// than cores and fell to 17-45 (device-to-host the more sensitive: its
-    /// completions must be delivered in time). 8 and 16 MiB blocks, 3 or 4
-    /// of them, were level; with ramped pieces (934ab1b, medians of 15),
-    /// 4 × 16 MiB against 4 × 8 MiB: host-to-device 1 GiB 51.1 against 52.3
-    /// GB/s, device-to-host 45.8-46.4 against 50.7.
+    /// Measured on the H200 machine (16 cores, one NUMA node, 1 GiB; `host
+    /// staging`'s sweep, every shape and the pinned copy taking turns run by
+    /// run, medians of 5 and 7 in two runs, as a fraction of that pinned
+    /// copy): 15 workers with 4 × 8 MiB reached 0.941 / 0.904 host-to-device
+    /// and 0.970 / 0.977 device-to-host; 12 workers 0.934 / 0.845 and
+    /// 0.965 / 0.893; 8 workers 0.825 and 0.768. Rings of 16, 24 or 64 MiB
+    /// in all (2-16 MiB blocks) did no better than 32 MiB, 2 MiB blocks
+    /// and rings of two blocks clearly worse.
     pub fn for_device(device: &Device) -> StagingConfig {
         let cpus = device
             .numa_node()
@@ -206,7 +205,7 @@ impl StagingConfig {
         StagingConfig {
             block_bytes: DEFAULT_BLOCK_BYTES,
             blocks: DEFAULT_BLOCKS,
-            threads: (cpus - cpus / 4).clamp(1, DEFAULT_MAX_THREADS),
+            threads: cpus.saturating_sub(1).clamp(1, DEFAULT_MAX_THREADS),
             route: Route::Auto,
             direct_h2d_below: DEFAULT_DIRECT_H2D_BELOW,
             direct_d2h_below: DEFAULT_DIRECT_D2H_BELOW,
