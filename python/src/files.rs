@@ -231,7 +231,17 @@ fn npy_header(py: Python<'_>, path: &Path) -> PyResult<(Vec<usize>, DType, u64)>
                 )))
             }
         };
-        let (shape, fortran, descr): (Vec<usize>, bool, Bound<'_, PyAny>) = header.extract()?;
+        let (shape, fortran, descr): (Vec<i64>, bool, Bound<'_, PyAny>) = header.extract()?;
+        let shape = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{}: the header's shape {shape:?} has a negative dimension",
+                    path.display()
+                ))
+            })?;
         let offset: u64 = f.call_method0("tell")?.extract()?;
         let name: String = descr.getattr("str")?.extract()?;
         let dtype = DType::parse(&name)
@@ -309,8 +319,9 @@ pub fn save(
     let f = io.call_method1("open", (tmp.as_os_str(), "wb"))?;
     let wrote = format.call_method1("write_array_header_1_0", (&f, &header));
     let offset: PyResult<u64> = wrote.and_then(|_| f.call_method0("tell")?.extract());
-    f.call_method0("close")?;
-    let offset = match offset {
+    // A failed close (the header not flushed) fails the save like the rest.
+    let closed = f.call_method0("close");
+    let offset = match closed.and(offset) {
         Ok(o) => o,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);

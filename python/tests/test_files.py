@@ -310,6 +310,23 @@ def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
     with pytest.raises(OSError):
         gpufeed.save(target, d)
     assert not target.exists() and not os.path.exists(str(target) + ".partial")
+    # The header's own file object failing at close (its buffered header
+    # flushed into a full device): OSError, and neither file left.
+    if os.path.exists("/dev/full") and os.access("/dev/full", os.W_OK):
+        target = tmp_path / "b.npy"
+        os.symlink("/dev/full", str(target) + ".partial")
+        with pytest.raises(OSError):
+            gpufeed.save(target, d)
+        assert not target.exists() and not os.path.lexists(str(target) + ".partial")
+
+
+def test_a_npy_header_with_a_negative_dimension_is_a_value_error(device, tmp_path):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (-3, 4), }"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    p = tmp_path / "neg.npy"
+    p.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(48))
+    with pytest.raises(ValueError, match="negative"):
+        gpufeed.load(p, device)
 
 
 @pytest.mark.parametrize("direct", [None, True, False])
