@@ -183,19 +183,25 @@ pub struct StagingConfig {
 }
 
 impl StagingConfig {
-    /// The default for `device`: 4 blocks of 8 MiB; a worker on every CPU
-    /// of the GPU's NUMA node (of all CPUs when it has none) but one, which
-    /// the thread driving the copy takes, at least 1 and at most
-    /// [`DEFAULT_MAX_THREADS`]; direct copies below 512 KiB both ways.
+    /// The default for `device`: 4 blocks of 8 MiB; workers on three
+    /// quarters of the CPUs of the GPU's NUMA node (of all CPUs when it has
+    /// none), at least 1 and at most [`DEFAULT_MAX_THREADS`]; direct copies
+    /// below 512 KiB both ways. The quarter left keeps the thread driving
+    /// the copy, the completion thread, the driver's and the program's own
+    /// threads off the workers' cores: a worker descheduled while it holds a
+    /// piece holds up the whole block.
     ///
     /// Measured on the H200 machine (16 cores, one NUMA node, 1 GiB; `host
     /// staging`'s sweep, every shape and the pinned copy taking turns run by
-    /// run, medians of 5 and 7 in two runs, as a fraction of that pinned
-    /// copy): 15 workers with 4 × 8 MiB reached 0.941 / 0.904 host-to-device
-    /// and 0.970 / 0.977 device-to-host; 12 workers 0.934 / 0.845 and
-    /// 0.965 / 0.893; 8 workers 0.825 and 0.768. Rings of 16, 24 or 64 MiB
-    /// in all (2-16 MiB blocks) did no better than 32 MiB, 2 MiB blocks
-    /// and rings of two blocks clearly worse.
+    /// run, as a fraction of that pinned copy, two runs): 15 workers with 4
+    /// × 8 MiB reached 0.941 / 0.904 host-to-device and 0.970 / 0.977
+    /// device-to-host, 12 workers 0.934 / 0.845 and 0.965 / 0.893, 8
+    /// workers 0.825 / 0.768. But the one full run with 15 workers as the
+    /// default (a6fdecf) collapsed at 16-256 MiB: host-to-device 16 MiB 5.6
+    /// GB/s and device-to-host 64 MiB 17.6, where 12 workers gave 20.3-21.9
+    /// and 44.2-47.5 earlier the same day; host-to-device 256 MiB 17.2,
+    /// where 12 workers gave 45-46 in earlier runs. So 12. Rings of 16, 24
+    /// or 64 MiB in all did no better than 4 × 8 MiB.
     pub fn for_device(device: &Device) -> StagingConfig {
         let cpus = device
             .numa_node()
@@ -205,7 +211,7 @@ impl StagingConfig {
         StagingConfig {
             block_bytes: DEFAULT_BLOCK_BYTES,
             blocks: DEFAULT_BLOCKS,
-            threads: cpus.saturating_sub(1).clamp(1, DEFAULT_MAX_THREADS),
+            threads: (cpus - cpus / 4).clamp(1, DEFAULT_MAX_THREADS),
             route: Route::Auto,
             direct_h2d_below: DEFAULT_DIRECT_H2D_BELOW,
             direct_d2h_below: DEFAULT_DIRECT_D2H_BELOW,
