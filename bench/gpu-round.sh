@@ -46,7 +46,7 @@
 #                                   copies and cuMemcpyPeerAsync), the PyTorch peer of it
 #
 # Bundle first: ../shared/tools/gpu-bundle, then `git rev-parse HEAD > .gpu/COMMIT`.
-# Everything lands in $OUT/run (tarred to $OUT/run.tgz at the end, so it comes back
+# Everything lands in $OUT/run (tarred to $OUT/run-<mode>.tgz at the end, so it comes back
 # as one file). Exits non-zero if a test, a sanitizer or the demonstration failed.
 set -uo pipefail
 mode=${1:-quick}
@@ -106,7 +106,7 @@ fi
 
 # The measurements, each part tarred as it ends (a call stopped by its time
 # limit still brings back what finished): measure with LOADER=1 FILES=1.
-save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run.tgz" run; }
+save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run-$mode.tgz" run; }
 if [ "$mode" = measure ] && [ "${LOADER:-0}" = 1 ]; then
   L="$R/loader"; mkdir -p "$L"
   note "loader: host loader, the Python benchmark, the training demonstration"
@@ -262,5 +262,5 @@ if [ "$mode" = bench ] || [ "$mode" = full ]; then
 fi
 
 note "round done (fail=$fail)"
-tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run.tgz" run && rm -rf "$R"
+tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run-$mode.tgz" run && rm -rf "$R"
 exit $fail
