@@ -63,6 +63,10 @@ enum Cmd {
         /// Timed runs per shape in the sweep (default 7 on a GPU).
         #[arg(long)]
         sweep_reps: Option<usize>,
+        /// Workers of the routes' engines instead of the default (to
+        /// compare two defaults in one call).
+        #[arg(long)]
+        workers: Option<usize>,
         /// Milliseconds of idle before each timed run (default 10: the
         /// engine's workers, which spin 2 ms after a copy, are parked).
         #[arg(long)]
@@ -277,6 +281,7 @@ fn run(cli: Cli) -> host::Result<()> {
             reps,
             sweep_bytes,
             sweep_reps,
+            workers,
             settle_ms,
             routes,
         } => {
@@ -287,6 +292,7 @@ fn run(cli: Cli) -> host::Result<()> {
             c.reps = reps.unwrap_or(c.reps).max(1);
             c.sweep_bytes = sweep_bytes.unwrap_or(c.sweep_bytes);
             c.sweep_reps = sweep_reps.unwrap_or(c.sweep_reps).max(1);
+            c.workers = workers;
             demo::staging::run(&device, &c, &out).map(|_| ())
         }
         Cmd::Loader {

@@ -53,6 +53,9 @@ pub struct Config {
     pub settle_ms: u64,
     /// The routes measured (all five by default).
     pub routes: Vec<Path4>,
+    /// Workers of the engines of the routes' table (`None`: the default,
+    /// [`StagingConfig::for_device`]); the sweep sets its own.
+    pub workers: Option<usize>,
 }
 
 impl Config {
@@ -67,6 +70,7 @@ impl Config {
                 sweep_reps: 2,
                 settle_ms: 10,
                 routes: PATHS.to_vec(),
+                workers: None,
             }
         } else {
             Config {
@@ -81,6 +85,7 @@ impl Config {
                 sweep_reps: 7,
                 settle_ms: 10,
                 routes: PATHS.to_vec(),
+                workers: None,
             }
         }
     }
@@ -533,10 +538,13 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let stream = Stream::new(device)?;
     let pool = PinnedPool::new(device);
     let src = Sources::new(max / 4);
-    let engines = [
-        engine(device, Route::Staged, None)?,
-        engine(device, Route::Auto, None)?,
-    ];
+    let with_workers = |route| {
+        let mut c = StagingConfig::for_device(device);
+        c.route = route;
+        c.threads = config.workers.unwrap_or(c.threads);
+        Staging::with_config(device, c)
+    };
+    let engines = [with_workers(Route::Staged)?, with_workers(Route::Auto)?];
     let mut rows = Vec::new();
     println!(
         "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs ({} below 16 MiB, {} for the first two from 256 MiB); every element of every run checked",
@@ -630,7 +638,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let results = Results {
         meta: Meta::new(device),
         default_config: default.into(),
-        threads_used: default.threads + 1,
+        threads_used: engines[0].config().threads + 1,
         rows,
         settle_ms: config.settle_ms,
         sweep_bytes: config.sweep_bytes,
