@@ -74,7 +74,7 @@ impl<'py> Progress<'py> {
 
 /// The OSError subclass of an I/O error (`FileNotFoundError`,
 /// `PermissionError`, `IsADirectoryError`...), its message naming `path`.
-fn open_error(path: &Path, e: std::io::Error) -> PyErr {
+pub(crate) fn open_error(path: &Path, e: std::io::Error) -> PyErr {
     crate::os_error(&e, format!("{}: {e}", path.display()))
 }
 

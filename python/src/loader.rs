@@ -246,8 +246,7 @@ fn safetensors_fields(
     let shown = path.display();
     let bad =
         |why: String| PyValueError::new_err(format!("{shown}: not a safetensors file: {why}"));
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| PyErr::from(std::io::Error::new(e.kind(), format!("{shown}: {e}"))))?;
+    let mut file = std::fs::File::open(path).map_err(|e| crate::files::open_error(path, e))?;
     let size = file.metadata()?.len();
     let mut n = [0u8; 8];
     file.read_exact(&mut n)
