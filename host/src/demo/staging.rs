@@ -538,13 +538,14 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let stream = Stream::new(device)?;
     let pool = PinnedPool::new(device);
     let src = Sources::new(max / 4);
-    let with_workers = |route| {
-        let mut c = StagingConfig::for_device(device);
-        c.route = route;
-        c.threads = config.workers.unwrap_or(c.threads);
-        Staging::with_config(device, c)
-    };
-    let engines = [with_workers(Route::Staged)?, with_workers(Route::Auto)?];
+    let default = StagingConfig::for_device(device);
+    let shape = config
+        .workers
+        .map(|w| (w, default.block_bytes, default.blocks));
+    let engines = [
+        engine(device, Route::Staged, shape)?,
+        engine(device, Route::Auto, shape)?,
+    ];
     let mut rows = Vec::new();
     println!(
         "   {:>9} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9}   GB/s, medians of {} runs ({} below 16 MiB, {} for the first two from 256 MiB); every element of every run checked",
@@ -634,7 +635,6 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     let bad = rows.iter().filter(|r| !r.verified).count()
         + sweep.iter().filter(|r| !r.verified).count()
         + pipeline.iter().filter(|r| !r.verified).count();
-    let default = StagingConfig::for_device(device);
     let results = Results {
         meta: Meta::new(device),
         default_config: default.into(),
