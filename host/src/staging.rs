@@ -1018,6 +1018,10 @@ pub struct StagedCopy<'a> {
     segs: Vec<Seg<'a>>,
     /// Blocks taken for the next fill of a file read (no DMA on them).
     filling: Vec<PooledBuffer<u8>>,
+    /// A copy to the device: the block filled last and its byte count,
+    /// the bytes at `next`, not yet sent (it is sent while the workers
+    /// fill the block after it).
+    filled: Option<(PooledBuffer<u8>, usize)>,
     state: State,
     /// A file read: the way chosen ([`FileIo::Buffered`] or
     /// [`FileIo::Direct`]).
@@ -1061,6 +1065,7 @@ impl<'a> StagedCopy<'a> {
             in_flight,
             segs: Vec::new(),
             filling: Vec::new(),
+            filled: None,
             state: State::Running,
             file_io: None,
             direct: None,
@@ -1207,23 +1212,6 @@ impl<'a> StagedCopy<'a> {
         unsafe { direct_copy(&self.engine.device, self.dir, self.dev, self.total) }
     }
 
-    /// Fills the block with the user's slice's `len` bytes from offset
-    /// `off`; returns where in the block they start (0).
-    fn fill(&self, off: usize, block: &mut [u8], len: usize) -> Result<usize> {
-        match self.dir {
-            Dir::H2d(src) => {
-                // SAFETY: `src` is the borrowed slice of `total` bytes, alive
-                // and unchanged while this future lives; the piece lies in it.
-                let piece = unsafe { std::slice::from_raw_parts(src.add(off), len) };
-                self.engine.workers.copy(piece, &mut block[..len])?;
-                Ok(0)
-            }
-            Dir::D2h(_) | Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
-                "fill of a copy other than from host memory".into(),
-            )),
-        }
-    }
-
     /// Fills `blocks` from the file as `plans` say (one plan each).
     fn fill_file(&self, blocks: &mut [PooledBuffer<u8>], plans: &[BlockPlan]) -> Result<()> {
         let Dir::FileIn { file } = self.dir else {
@@ -1292,7 +1280,8 @@ impl<'a> StagedCopy<'a> {
                     };
                 }
             }
-            if self.ring.len() + self.filling.len() < self.engine.config.blocks {
+            let held = self.ring.len() + self.filling.len() + usize::from(self.filled.is_some());
+            if held < self.engine.config.blocks {
                 let cx_if_idle = if self.ring.is_empty() {
                     Some(&mut *cx)
                 } else {
@@ -1483,28 +1472,76 @@ impl<'a> StagedCopy<'a> {
         }
     }
 
+    /// A copy to the device: each block is filled while the DMA of the
+    /// block before it is issued (the driver's calls cost the workers
+    /// nothing), and sent before any wait for a block.
     fn poll_h2d(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         loop {
-            if self.next < self.total {
-                let mut block = match self.next_block(cx) {
-                    Ok(Some(b)) => b,
-                    Ok(None) => return Poll::Pending,
-                    Err(e) => return Poll::Ready(Err(e)),
-                };
-                let len = self.piece_len();
-                let skew = match self.fill(self.next, block.as_mut_slice(), len) {
-                    Ok(skew) => skew,
-                    Err(e) => {
-                        self.engine.give_back(block);
-                        return Poll::Ready(Err(e));
-                    }
-                };
-                if let Err(e) = self.issue(block, skew, len) {
+            let fill_at = self.next + self.filled.as_ref().map_or(0, |f| f.1);
+            if fill_at >= self.total {
+                if let Err(e) = self.send_filled() {
                     return Poll::Ready(Err(e));
                 }
-            } else {
                 return self.poll_last(cx);
             }
+            let block = match self.next_block(cx) {
+                Ok(Some(b)) => b,
+                // No block yet: what is filled goes now, then wait (or
+                // take the block its sending freed).
+                Ok(None) if self.filled.is_some() => match self.send_filled() {
+                    Ok(()) => continue,
+                    Err(e) => return Poll::Ready(Err(e)),
+                },
+                Ok(None) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            if let Err(e) = self.fill_sending(fill_at, block) {
+                return Poll::Ready(Err(e));
+            }
+        }
+    }
+
+    /// Fills `block` with the piece at `fill_at` while the block filled
+    /// before it is sent; on success it is the one filled.
+    fn fill_sending(&mut self, fill_at: usize, mut block: PooledBuffer<u8>) -> Result<()> {
+        let Dir::H2d(src) = self.dir else {
+            self.engine.give_back(block);
+            return Err(Error::Internal(
+                "fill of a copy other than from host memory".into(),
+            ));
+        };
+        let len = piece_len(
+            Way::ToDevice,
+            fill_at,
+            self.total,
+            self.engine.config.block_bytes,
+        );
+        // SAFETY: `src` is the borrowed slice of `total` bytes, alive and
+        // unchanged while this future lives; the piece lies in it.
+        let piece = unsafe { std::slice::from_raw_parts(src.add(fill_at), len) };
+        let engine = self.engine.clone();
+        let (filled, sent) = engine
+            .workers
+            .copy_while(piece, &mut block.as_mut_slice()[..len], || {
+                self.send_filled()
+            });
+        match (filled, sent) {
+            (Ok(()), Ok(())) => {
+                self.filled = Some((block, len));
+                Ok(())
+            }
+            (Err(e), _) | (Ok(()), Err(e)) => {
+                self.engine.give_back(block);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends the block filled last, if any.
+    fn send_filled(&mut self) -> Result<()> {
+        match self.filled.take() {
+            Some((block, len)) => self.issue(block, 0, len),
+            None => Ok(()),
         }
     }
 
@@ -1601,8 +1638,12 @@ impl Drop for StagedCopy<'_> {
         while let Some(slot) = self.ring.pop_front() {
             self.engine.give_back_when_done(slot);
         }
-        // Blocks taken for a fill that never ran: no DMA on them.
+        // Blocks taken for a fill that never ran, or filled and not sent:
+        // no DMA on them.
         for b in std::mem::take(&mut self.filling) {
+            self.engine.give_back(b);
+        }
+        if let Some((b, _)) = self.filled.take() {
             self.engine.give_back(b);
         }
     }

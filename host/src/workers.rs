@@ -306,19 +306,57 @@ impl CopyWorkers {
         unsafe { self.run(what, dst.len()) }
     }
 
+    /// As [`CopyWorkers::copy`], and `during` runs on this thread once the
+    /// workers have started on the copy, before it takes pieces too: work
+    /// of its own (a DMA of the block before to issue) that then costs the
+    /// copy nothing. `during` runs exactly once, whatever the copy's
+    /// outcome; its result comes back beside the copy's.
+    pub(crate) fn copy_while<R>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        during: impl FnOnce() -> R,
+    ) -> (Result<()>, R) {
+        assert_eq!(src.len(), dst.len(), "CopyWorkers::copy of unequal lengths");
+        let what = What::Copy {
+            src: src.as_ptr() as usize,
+            dst: dst.as_mut_ptr() as usize,
+        };
+        // SAFETY: `src` and `dst` are borrowed for the call, `len` bytes each.
+        unsafe { self.run_while(what, src.len(), during) }
+    }
+
     /// Runs one job of `len` bytes on the workers and this thread.
+    ///
+    /// # Safety
+    /// As [`CopyWorkers::run_while`].
+    unsafe fn run(&self, what: What, len: usize) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.run_while(what, len, || ()) }.0
+    }
+
+    /// Runs one job of `len` bytes on the workers and this thread, this
+    /// thread first running `during` (exactly once) once the job is open.
     ///
     /// # Safety
     /// The ranges `what` names are valid (for reads, or exclusively for
     /// writes) for `len` bytes, and its descriptor open, until this returns.
-    unsafe fn run(&self, what: What, len: usize) -> Result<()> {
+    unsafe fn run_while<R>(
+        &self,
+        what: What,
+        len: usize,
+        during: impl FnOnce() -> R,
+    ) -> (Result<()>, R) {
         // In a fork() child the workers don't exist: waiting for them would
         // hang.
-        self.generation.check("a staging engine")?;
+        if let Err(e) = self.generation.check("a staging engine") {
+            return (Err(e), during());
+        }
         let s = &*self.shared;
         let job = Job::new(what, len, self.threads.len() + 1, 0);
         if job.parts == 1 {
-            return do_piece(s, job, 0);
+            let r = during();
+            return (do_piece(s, job, 0), r);
         }
         let _turn = lock(&self.turn);
         let job = Job {
@@ -333,8 +371,11 @@ impl CopyWorkers {
             let _g = lock(&s.sleep);
             s.wake.notify_all();
         }
-        // This thread takes pieces too, from the first: it never waits for
-        // a worker to wake, only for pieces already taken to finish.
+        // The workers copy while `during` runs; a panic in it waits for
+        // them (they write memory the unwinding may free) before going on.
+        let during = std::panic::catch_unwind(AssertUnwindSafe(during));
+        // This thread takes pieces too: it never waits for a worker to
+        // wake, only for pieces already taken to finish.
         let mut mine = Ok(());
         while let Some(index) = s.claims.claim(job.seq, job.parts) {
             let done = do_piece(s, job, index);
@@ -348,11 +389,16 @@ impl CopyWorkers {
             spins = spins.saturating_add(1);
             backoff(spins);
         }
-        mine?;
-        match lock(&s.failed).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        let during = match during {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        let failed = lock(&s.failed).take();
+        let result = match (mine, failed) {
+            (Err(e), _) | (Ok(()), Some(e)) => Err(e),
+            (Ok(()), None) => Ok(()),
+        };
+        (result, during)
     }
 }
 
