@@ -685,4 +685,59 @@ mod tests {
             }
         }
     }
+
+    fn pattern(len: usize, salt: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 ^ salt).collect()
+    }
+
+    #[test]
+    fn work_done_during_a_copy_runs_once_and_the_copy_is_whole() {
+        let w = CopyWorkers::start(3, || {}).unwrap();
+        // One piece (the caller alone) and many.
+        for len in [0, 5, 64 << 10, (16 << 20) + 3] {
+            let src = pattern(len, 7);
+            let mut dst = vec![0u8; len];
+            let mut ran = 0;
+            let (copied, got) = w.copy_while(&src, &mut dst, || {
+                ran += 1;
+                len * 2
+            });
+            copied.unwrap();
+            assert_eq!((ran, got), (1, len * 2), "{len} bytes");
+            assert!(dst == src, "{len} bytes: wrong bytes");
+        }
+    }
+
+    #[test]
+    fn work_done_during_a_copy_runs_once_when_a_piece_fails() {
+        let w = CopyWorkers::start(3, || {}).unwrap();
+        let src = pattern(16 << 20, 3);
+        let mut dst = vec![0u8; src.len()];
+        w.shared.plant.store(true, Ordering::SeqCst);
+        let mut ran = 0;
+        let (copied, ()) = w.copy_while(&src, &mut dst, || ran += 1);
+        assert!(matches!(copied, Err(Error::WorkerPanicked(_))), "{copied:?}");
+        assert_eq!(ran, 1);
+    }
+
+    #[test]
+    fn a_panic_during_a_copy_waits_for_every_piece_before_it_goes_on() {
+        let w = CopyWorkers::start(3, || {}).unwrap();
+        for salt in 0..4u8 {
+            let src = pattern(64 << 20, salt);
+            let mut dst = vec![0u8; src.len()];
+            let unwound = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                w.copy_while(&src, &mut dst, || panic!("planted panic during a copy"))
+            }));
+            assert!(unwound.is_err(), "the panic did not come through");
+            // Every piece finished before the unwinding left the call: no
+            // worker writes `dst` any more.
+            assert!(dst == src, "round {salt}: pieces still unfinished after the panic");
+        }
+        // The workers go on with the next job.
+        let src = pattern(8 << 20, 9);
+        let mut dst = vec![0u8; src.len()];
+        w.copy(&src, &mut dst).unwrap();
+        assert!(dst == src);
+    }
 }
