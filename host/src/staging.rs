@@ -15,8 +15,10 @@
 //!   the start, so it never waits for a parked worker to wake); they spin
 //!   between blocks while a copy streams and park 2 ms after the last;
 //! - the DMA of block *b* runs while the workers fill block *b + 1*
-//!   (host-to-device), or copy block *b* out while the DMAs of the next
-//!   blocks run (device-to-host), on the engine's own two streams;
+//!   (host-to-device: the driving thread issues it once they have started
+//!   on *b + 1*, so the driver's calls cost the copy nothing), or copy
+//!   block *b* out while the DMAs of the next blocks run (device-to-host),
+//!   on the engine's own two streams;
 //! - where nothing overlaps a piece, it is short: a copy to the device
 //!   starts with a 1 MiB piece and doubles to whole blocks (the first DMA
 //!   waits only for 1 MiB), a copy from the device halves its last pieces
@@ -1520,11 +1522,12 @@ impl<'a> StagedCopy<'a> {
         // unchanged while this future lives; the piece lies in it.
         let piece = unsafe { std::slice::from_raw_parts(src.add(fill_at), len) };
         let engine = self.engine.clone();
-        let (filled, sent) = engine
-            .workers
-            .copy_while(piece, &mut block.as_mut_slice()[..len], || {
-                self.send_filled()
-            });
+        let (filled, sent) =
+            engine
+                .workers
+                .copy_while(piece, &mut block.as_mut_slice()[..len], || {
+                    self.send_filled()
+                });
         match (filled, sent) {
             (Ok(()), Ok(())) => {
                 self.filled = Some((block, len));

@@ -716,7 +716,10 @@ mod tests {
         w.shared.plant.store(true, Ordering::SeqCst);
         let mut ran = 0;
         let (copied, ()) = w.copy_while(&src, &mut dst, || ran += 1);
-        assert!(matches!(copied, Err(Error::WorkerPanicked(_))), "{copied:?}");
+        assert!(
+            matches!(copied, Err(Error::WorkerPanicked(_))),
+            "{copied:?}"
+        );
         assert_eq!(ran, 1);
     }
 
@@ -732,7 +735,10 @@ mod tests {
             assert!(unwound.is_err(), "the panic did not come through");
             // Every piece finished before the unwinding left the call: no
             // worker writes `dst` any more.
-            assert!(dst == src, "round {salt}: pieces still unfinished after the panic");
+            assert!(
+                dst == src,
+                "round {salt}: pieces still unfinished after the panic"
+            );
         }
         // The workers go on with the next job.
         let src = pattern(8 << 20, 9);
