@@ -374,6 +374,103 @@ pub(crate) fn offsets_hold(
         && data_start.checked_add(end).is_some_and(|e| e <= size)
 }
 
+/// One tensor of a safetensors file, as its header gives it, checked
+/// against the file: `nbytes` bytes from file offset `at` lie inside it,
+/// after the header.
+pub(crate) struct SafetensorsEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// File offset of the tensor's first byte.
+    pub at: u64,
+    pub nbytes: usize,
+}
+
+/// The tensors of the safetensors file `path` (open as `file`, read from
+/// its start), in the header's order, `__metadata__` left out; every entry
+/// checked before any tensor byte is read. A dtype with no device dtype is
+/// `unsupported(tensor name, dtype name)`'s error; anything else wrong
+/// (length, UTF-8, JSON, a field missing or of the wrong type, a size that
+/// overflows, offsets that don't hold the tensor inside the file) a
+/// `ValueError` naming the file.
+pub(crate) fn safetensors_entries(
+    py: Python<'_>,
+    path: &Path,
+    file: &mut File,
+    unsupported: impl Fn(&str, &str) -> PyErr,
+) -> PyResult<Vec<SafetensorsEntry>> {
+    use std::io::Read;
+    let bad = |why: String| {
+        PyValueError::new_err(format!("{}: not a safetensors file: {why}", path.display()))
+    };
+    let size = file.metadata().map_err(|e| open_error(path, e))?.len();
+    let mut n = [0u8; 8];
+    file.read_exact(&mut n)
+        .map_err(|_| bad("shorter than its 8-byte header length".into()))?;
+    let n = u64::from_le_bytes(n);
+    if n > 100 << 20 || 8 + n > size {
+        return Err(bad(format!(
+            "header length {n} does not fit the file ({size} bytes)"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact(&mut header)
+        .map_err(|_| bad("header cut short".into()))?;
+    let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8".into()))?;
+    let parsed = py
+        .import("json")?
+        .call_method1("loads", (text,))
+        .map_err(|e| bad(format!("header is not JSON: {e}")))?;
+    let entries = parsed
+        .cast::<PyDict>()
+        .map_err(|_| bad("header is not a JSON object".into()))?;
+    let data_start = 8 + n;
+    let mut out = Vec::new();
+    for (name, meta) in entries.iter() {
+        let name: String = name.extract()?;
+        if name == "__metadata__" {
+            continue;
+        }
+        let field = |k: &str| {
+            meta.get_item(k)
+                .map_err(|_| bad(format!("tensor {name:?} has no {k:?}")))
+        };
+        let dtype_name: String = field("dtype")?
+            .extract()
+            .map_err(|_| bad(format!("tensor {name:?}: dtype is not a string")))?;
+        let dtype =
+            safetensors_dtype(&dtype_name).ok_or_else(|| unsupported(&name, &dtype_name))?;
+        let shape: Vec<usize> = field("shape")?
+            .extract()
+            .map_err(|_| bad(format!("tensor {name:?}: shape is not a list of sizes")))?;
+        let offsets: Vec<u64> = field("data_offsets")?
+            .extract()
+            .map_err(|_| bad(format!("tensor {name:?}: data_offsets is not [begin, end]")))?;
+        let [begin, end] = offsets[..] else {
+            return Err(bad(format!(
+                "tensor {name:?}: data_offsets is not [begin, end]"
+            )));
+        };
+        let nbytes = shape
+            .iter()
+            .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
+            .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
+        if !offsets_hold(begin, end, nbytes, data_start, size) {
+            return Err(bad(format!(
+                "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
+            )));
+        }
+        out.push(SafetensorsEntry {
+            name,
+            dtype,
+            shape,
+            at: data_start + begin,
+            nbytes,
+        });
+    }
+    Ok(out)
+}
+
 /// `load_safetensors(path, device=None, direct=None, progress=None)`: every
 /// tensor of a safetensors file as a dict of name → `DeviceArray`
 /// (`{k: torch.from_dlpack(v) for k, v in d.items()}` gives torch tensors
@@ -394,86 +491,22 @@ pub fn load_safetensors<'py>(
     direct: Option<bool>,
     progress: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use std::io::Read;
-    let bad = |why: String| {
-        PyValueError::new_err(format!("{}: not a safetensors file: {why}", path.display()))
-    };
     let mut file = File::open(&path).map_err(|e| open_error(&path, e))?;
-    let size = file.metadata().map_err(|e| open_error(&path, e))?.len();
-    let mut n = [0u8; 8];
-    file.read_exact(&mut n)
-        .map_err(|_| bad("shorter than its 8-byte header length".into()))?;
-    let n = u64::from_le_bytes(n);
-    if n > 100 << 20 || 8 + n > size {
-        return Err(bad(format!(
-            "header length {n} does not fit the file ({size} bytes)"
-        )));
-    }
-    let mut header = vec![0u8; n as usize];
-    file.read_exact(&mut header)
-        .map_err(|_| bad("header cut short".into()))?;
-    let json = py.import("json")?;
-    let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8".into()))?;
-    let parsed = json
-        .call_method1("loads", (text,))
-        .map_err(|e| bad(format!("header is not JSON: {e}")))?;
-    let entries = parsed
-        .cast::<PyDict>()
-        .map_err(|_| bad("header is not a JSON object".into()))?;
-    let data_start = 8 + n;
+    let plan = safetensors_entries(py, &path, &mut file, |name, dtype| {
+        PyValueError::new_err(format!(
+            "{}: not a safetensors file: tensor {name:?}: dtype {dtype:?} is not supported",
+            path.display()
+        ))
+    })?;
     let device = device_or_default(py, device)?;
     let io = file_io(direct);
-    // Every entry checked before any byte is read.
-    let mut plan = Vec::new();
-    for (name, meta) in entries.iter() {
-        let name: String = name.extract()?;
-        if name == "__metadata__" {
-            continue;
-        }
-        let field = |k: &str| -> PyResult<Bound<'py, PyAny>> {
-            meta.get_item(k)
-                .map_err(|_| bad(format!("tensor {name:?} has no {k:?}")))
-        };
-        let dtype_name: String = field("dtype")?
-            .extract()
-            .map_err(|_| bad(format!("tensor {name:?}: dtype is not a string")))?;
-        let dtype = safetensors_dtype(&dtype_name).ok_or_else(|| {
-            bad(format!(
-                "tensor {name:?}: dtype {dtype_name:?} is not supported"
-            ))
-        })?;
-        let shape: Vec<usize> = field("shape")?
-            .extract()
-            .map_err(|_| bad(format!("tensor {name:?}: shape is not a list of sizes")))?;
-        let offsets: Vec<u64> = field("data_offsets")?
-            .extract()
-            .map_err(|_| bad(format!("tensor {name:?}: data_offsets is not [begin, end]")))?;
-        let [begin, end] = offsets[..] else {
-            return Err(bad(format!(
-                "tensor {name:?}: data_offsets is not [begin, end]"
-            )));
-        };
-        let elems = shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| bad(format!("tensor {name:?}: shape overflows")))?;
-        let nbytes = elems
-            .checked_mul(dtype.size())
-            .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        if !offsets_hold(begin, end, nbytes, data_start, size) {
-            return Err(bad(format!(
-                "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
-            )));
-        }
-        plan.push((name, shape, dtype, data_start + begin, nbytes as u64));
-    }
-    let total: u64 = plan.iter().map(|p| p.4).sum();
+    let total: u64 = plan.iter().map(|e| e.nbytes as u64).sum();
     let mut progress = Progress::new(progress, total)?;
     // Every tensor's memory first, then the whole data region in one stream
     // through the ring (per 64 MiB with a progress callback).
     let mut arrays = Vec::with_capacity(plan.len());
-    for (_, shape, dtype, _, _) in &plan {
-        arrays.push(DeviceArray::alloc(py, &device, shape.clone(), *dtype)?);
+    for e in &plan {
+        arrays.push(DeviceArray::alloc(py, &device, e.shape.clone(), e.dtype)?);
     }
     let staging = crate::staging::engine_for(py, &device)?;
     let mut bufs = Vec::with_capacity(arrays.len());
@@ -485,15 +518,15 @@ pub fn load_safetensors<'py>(
             }
         }
     }
-    let offsets: Vec<u64> = plan.iter().map(|p| p.3).collect();
+    let offsets: Vec<u64> = plan.iter().map(|e| e.at).collect();
     let read = read_pieces(py, &staging, &file, &offsets, &mut bufs, io, &mut progress);
     for (a, b) in arrays.iter().zip(bufs) {
         a.state.set(State::Ready(DevMem::Own(b)));
     }
     read?;
     let out = PyDict::new(py);
-    for ((name, ..), array) in plan.into_iter().zip(arrays) {
-        out.set_item(name, Py::new(py, array)?)?;
+    for (e, array) in plan.into_iter().zip(arrays) {
+        out.set_item(e.name, Py::new(py, array)?)?;
     }
     Ok(out)
 }

@@ -26,7 +26,7 @@
 use crate::buffer::ContiguousView;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
-use crate::files::{offsets_hold, safetensors_dtype};
+use crate::files::{safetensors_entries, SafetensorsEntry};
 use crate::IntoPy;
 use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -242,63 +242,23 @@ fn safetensors_fields(
     path: &std::path::Path,
     keep: &mut Keep,
 ) -> PyResult<Vec<Field>> {
-    use std::io::Read;
     let shown = path.display();
-    let bad =
-        |why: String| PyValueError::new_err(format!("{shown}: not a safetensors file: {why}"));
     let mut file = std::fs::File::open(path).map_err(|e| crate::files::open_error(path, e))?;
-    let size = file.metadata()?.len();
-    let mut n = [0u8; 8];
-    file.read_exact(&mut n)
-        .map_err(|_| bad("shorter than its 8-byte header length".into()))?;
-    let n = u64::from_le_bytes(n);
-    if n > 100 << 20 || 8 + n > size {
-        return Err(bad(format!("header length {n} does not fit the file")));
-    }
-    let mut header = vec![0u8; n as usize];
-    file.read_exact(&mut header)
-        .map_err(|_| bad("header cut short".into()))?;
-    let text = String::from_utf8(header).map_err(|_| bad("header is not UTF-8".into()))?;
-    let parsed = py
-        .import("json")?
-        .call_method1("loads", (text,))
-        .map_err(|e| bad(format!("header is not JSON: {e}")))?;
-    let entries = parsed
-        .cast::<PyDict>()
-        .map_err(|_| bad("header is not a JSON object".into()))?;
+    let entries = safetensors_entries(py, path, &mut file, |name, dtype| {
+        PyTypeError::new_err(format!(
+            "{shown}: tensor {name:?} has dtype {dtype}, which the loader does not support"
+        ))
+    })?;
     let np = py.import("numpy")?;
     let mut fields = Vec::new();
-    for (name, meta) in entries.iter() {
-        let name: String = name.extract()?;
-        if name == "__metadata__" {
-            continue;
-        }
-        let get = |k: &str| {
-            meta.get_item(k)
-                .map_err(|_| bad(format!("tensor {name:?} has no {k:?}")))
-        };
-        let dtype_name: String = get("dtype")?.extract()?;
-        let dtype = safetensors_dtype(&dtype_name).ok_or_else(|| {
-            PyTypeError::new_err(format!(
-                "{shown}: tensor {name:?} has dtype {dtype_name}, which the loader does not support"
-            ))
-        })?;
-        let shape: Vec<usize> = get("shape")?.extract()?;
-        let offsets: Vec<u64> = get("data_offsets")?.extract()?;
-        let [begin, end] = offsets[..] else {
-            return Err(bad(format!(
-                "tensor {name:?}: data_offsets is not [begin, end]"
-            )));
-        };
-        let nbytes = shape
-            .iter()
-            .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-            .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        if !offsets_hold(begin, end, nbytes, 8 + n, size) {
-            return Err(bad(format!(
-                "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
-            )));
-        }
+    for SafetensorsEntry {
+        name,
+        dtype,
+        shape,
+        at,
+        nbytes,
+    } in entries
+    {
         let what = format!("tensor {name:?} of {shown}");
         let Some((&rows, row_shape)) = shape.split_first() else {
             return Err(PyValueError::new_err(format!(
@@ -317,7 +277,7 @@ fn safetensors_fields(
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", "uint8")?;
             kwargs.set_item("mode", "r")?;
-            kwargs.set_item("offset", 8 + n + begin)?;
+            kwargs.set_item("offset", at)?;
             kwargs.set_item("shape", (nbytes,))?;
             let m = np
                 .getattr("memmap")?

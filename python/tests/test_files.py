@@ -304,6 +304,39 @@ def test_bad_files_are_typed_errors(device, tmp_path):
         gpufeed.Loader(str(st), 16, device=device)
 
 
+def test_a_corrupt_safetensors_entry_is_refused_alike_by_load_and_loader(device, tmp_path):
+    """One header parser serves load_safetensors and Loader: a field of the
+    wrong type is a ValueError naming the file for both; a dtype with no
+    device dtype is a ValueError for load_safetensors and, as documented for
+    the Loader, a TypeError there."""
+    st = tmp_path / "c.safetensors"
+
+    def write(entry):
+        h = json.dumps({"t": entry}).encode()
+        h += b" " * (-len(h) % 8)
+        st.write_bytes(struct.pack("<Q", len(h)) + h + bytes(16))
+
+    good = {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}
+    for key, value, why in [("shape", "sixteen", "shape"), ("dtype", 8, "dtype"),
+                            ("data_offsets", [0], "data_offsets"),
+                            ("shape", [2**40, 2**40, 2**40], "overflows")]:
+        write({**good, key: value})
+        for load in (lambda: gpufeed.load_safetensors(st, device),
+                     lambda: gpufeed.Loader(str(st), 16, device=device)):
+            with pytest.raises(ValueError, match=why) as e:
+                load()
+            assert "c.safetensors" in str(e.value)
+    write({**good, "dtype": "C64"})
+    with pytest.raises(ValueError, match="C64"):
+        gpufeed.load_safetensors(st, device)
+    with pytest.raises(TypeError, match="C64"):
+        gpufeed.Loader(str(st), 16, device=device)
+    # The same file, well formed, loads both ways.
+    write(good)
+    assert gpufeed.load_safetensors(st, device)["t"].shape == (16,)
+    assert len(list(gpufeed.Loader(str(st), 16, device=device))) == 1
+
+
 def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
     d = gpufeed.to_device(np.arange(1000, dtype=np.float32), device)
     target = tmp_path / "no" / "such" / "dir" / "a.npy"
