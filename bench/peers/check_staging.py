@@ -207,6 +207,8 @@ def main():
     meta = run.get("meta", {})
     print(f"targets of {args.staging}: {meta.get('device', '?')}, commit {meta.get('commit', '?')}"
           + (f"; {args.peer}: {peer.get('gpu', '?')}" if peer else ""))
+    if peer is not None and peer.get("complete") is False:
+        print(f"{args.peer}: the peer's run was cut short; the rows it did not reach are missing")
     missed = report(checks)
     if args.out:
         with open(args.out, "w") as f:

@@ -30,13 +30,16 @@ which differ in every element; host destinations filled with NaN first),
 compared element by element on the CPU (torch.equal over the raw words);
 the peers' first and last run.
 
-Output (--out): {"gpu", "driver", "torch", "numpy", "gpufeed", "rows":
-[{"bytes", "dir", "idiom", "gbps", "gbps_min", "gbps_max", "reps",
-"verified"}]}; exit 1 if a check failed, 2 without a GPU.
+Output (--out): {"gpu", "torch", "numpy", "gpufeed", "staging", "complete",
+"rows": [{"bytes", "dir", "idiom", "gbps", "gbps_min", "gbps_max", "reps",
+"verified"}]}, written after every size and direction, so a run cut short (a
+time limit) keeps the rows it finished ("complete": false until the last);
+exit 1 if a check failed, 2 without a GPU.
 """
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -69,6 +72,23 @@ def main():
     torch.set_num_threads(16)
     rows = []
     ok_all = True
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+
+    def write(complete):
+        """The rows so far to --out (replaced whole: never half a file)."""
+        result = {
+            "gpu": smi,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "gpufeed": gpufeed.__version__,
+            "staging": gpufeed.staging_stats(dev0),
+            "complete": complete,
+            "rows": rows,
+        }
+        with open(args.out + ".partial", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(args.out + ".partial", args.out)
 
     def same(x, y):
         tx = torch.from_numpy(np.ascontiguousarray(x).view(np.int32).reshape(-1))
@@ -147,6 +167,7 @@ def main():
                       f"(min {row['gbps_min']:.2f}, max {row['gbps_max']:.2f}){'' if verified[i] else '  WRONG'}",
                       flush=True)
             entries.clear()
+            write(False)
 
         slow = args.slow_reps if nbytes >= (1 << 30) else args.reps
         fast = args.reps
@@ -245,18 +266,7 @@ def main():
         del d_ours, dev, pinned, src_dev, out_t, out, a, b, srcs
         torch.cuda.empty_cache()
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    result = {
-        "gpu": smi,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "gpufeed": gpufeed.__version__,
-        "staging": gpufeed.staging_stats(dev0),
-        "rows": rows,
-    }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write(True)
     # The ratios the targets are stated in.
     by = {(r["bytes"], r["dir"], r["idiom"]): r["gbps"] for r in rows}
     for nbytes in sorted({r["bytes"] for r in rows}):
