@@ -207,13 +207,7 @@ impl CopyWorkers {
     /// [`Error::WorkerPanicked`] when a piece's copy panicked (the other
     /// pieces are still done before this returns).
     pub(crate) fn copy(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        assert_eq!(src.len(), dst.len(), "CopyWorkers::copy of unequal lengths");
-        let what = What::Copy {
-            src: src.as_ptr() as usize,
-            dst: dst.as_mut_ptr() as usize,
-        };
-        // SAFETY: `src` and `dst` are borrowed for the call, `len` bytes each.
-        unsafe { self.run(what, src.len()) }
+        self.copy_while(src, dst, || ()).0
     }
 
     /// Fills `dst` from `file` at offset `at`, in parallel `pread`s.
@@ -671,9 +665,7 @@ mod tests {
                     "{n} workers: not all parked before round {round}"
                 );
                 let woke = s.woke.load(Ordering::SeqCst);
-                let src: Vec<u8> = (0..8 << 20)
-                    .map(|i: usize| (i % 251) as u8 ^ round)
-                    .collect();
+                let src = pattern(8 << 20, round);
                 let mut dst = vec![0u8; src.len()];
                 w.copy(&src, &mut dst).unwrap();
                 assert!(dst == src, "{n} workers: round {round} copied wrong bytes");
