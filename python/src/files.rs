@@ -386,9 +386,9 @@ pub(crate) struct SafetensorsEntry {
     pub nbytes: usize,
 }
 
-/// The tensors of the safetensors file `path` (open as `file`, read from
-/// its start), in the header's order, `__metadata__` left out; every entry
-/// checked before any tensor byte is read. A dtype with no device dtype is
+/// The safetensors file `path`, opened, and its tensors, in the header's
+/// order, `__metadata__` left out; every entry checked before any tensor
+/// byte is read. A dtype with no device dtype is
 /// `unsupported(tensor name, dtype name)`'s error; anything else wrong
 /// (length, UTF-8, JSON, a field missing or of the wrong type, a size that
 /// overflows, offsets that don't hold the tensor inside the file) a
@@ -396,13 +396,13 @@ pub(crate) struct SafetensorsEntry {
 pub(crate) fn safetensors_entries(
     py: Python<'_>,
     path: &Path,
-    file: &mut File,
     unsupported: impl Fn(&str, &str) -> PyErr,
-) -> PyResult<Vec<SafetensorsEntry>> {
+) -> PyResult<(File, Vec<SafetensorsEntry>)> {
     use std::io::Read;
     let bad = |why: String| {
         PyValueError::new_err(format!("{}: not a safetensors file: {why}", path.display()))
     };
+    let mut file = File::open(path).map_err(|e| open_error(path, e))?;
     let size = file.metadata().map_err(|e| open_error(path, e))?.len();
     let mut n = [0u8; 8];
     file.read_exact(&mut n)
@@ -468,7 +468,7 @@ pub(crate) fn safetensors_entries(
             nbytes,
         });
     }
-    Ok(out)
+    Ok((file, out))
 }
 
 /// `load_safetensors(path, device=None, direct=None, progress=None)`: every
@@ -491,8 +491,7 @@ pub fn load_safetensors<'py>(
     direct: Option<bool>,
     progress: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut file = File::open(&path).map_err(|e| open_error(&path, e))?;
-    let plan = safetensors_entries(py, &path, &mut file, |name, dtype| {
+    let (file, plan) = safetensors_entries(py, &path, |name, dtype| {
         PyValueError::new_err(format!(
             "{}: not a safetensors file: tensor {name:?}: dtype {dtype:?} is not supported",
             path.display()

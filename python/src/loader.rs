@@ -243,8 +243,7 @@ fn safetensors_fields(
     keep: &mut Keep,
 ) -> PyResult<Vec<Field>> {
     let shown = path.display();
-    let mut file = std::fs::File::open(path).map_err(|e| crate::files::open_error(path, e))?;
-    let entries = safetensors_entries(py, path, &mut file, |name, dtype| {
+    let (_, entries) = safetensors_entries(py, path, |name, dtype| {
         PyTypeError::new_err(format!(
             "{shown}: tensor {name:?} has dtype {dtype}, which the loader does not support"
         ))
