@@ -1159,15 +1159,15 @@ impl<'a> StagedCopy<'a> {
         plans
     }
 
-    /// Bytes of the next piece of a copy of host memory, at `self.next`
+    /// Bytes of the piece of this copy of host memory that starts at `at`
     /// (see [`piece_len`]).
-    fn piece_len(&self) -> usize {
+    fn piece_len(&self, at: usize) -> usize {
         let way = if self.dir.is_upload() {
             Way::ToDevice
         } else {
             Way::ToHost
         };
-        piece_len(way, self.next, self.total, self.engine.config.block_bytes)
+        piece_len(way, at, self.total, self.engine.config.block_bytes)
     }
 
     /// Runs the copy on the calling thread: a direct copy (or a refusal)
@@ -1512,12 +1512,7 @@ impl<'a> StagedCopy<'a> {
                 "fill of a copy other than from host memory".into(),
             ));
         };
-        let len = piece_len(
-            Way::ToDevice,
-            fill_at,
-            self.total,
-            self.engine.config.block_bytes,
-        );
+        let len = self.piece_len(fill_at);
         // SAFETY: `src` is the borrowed slice of `total` bytes, alive and
         // unchanged while this future lives; the piece lies in it.
         let piece = unsafe { std::slice::from_raw_parts(src.add(fill_at), len) };
@@ -1562,7 +1557,7 @@ impl<'a> StagedCopy<'a> {
                     Ok(None) => break,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let len = self.piece_len();
+                let len = self.piece_len(self.next);
                 if let Err(e) = self.issue(block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
@@ -1589,7 +1584,7 @@ impl<'a> StagedCopy<'a> {
                 return Poll::Ready(Err(e));
             }
             if self.next < self.total {
-                let len = self.piece_len();
+                let len = self.piece_len(self.next);
                 if let Err(e) = self.issue(slot.block, 0, len) {
                     return Poll::Ready(Err(e));
                 }
