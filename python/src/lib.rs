@@ -248,6 +248,7 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<staging::Transfer>()?;
     m.add_class::<pipe::Pipeline>()?;
     m.add_class::<loader::Loader>()?;
+    m.add_class::<loader::LoaderIterator>()?;
     m.add_function(wrap_pyfunction!(device::default_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::as_device_array, m)?)?;
     m.add_function(wrap_pyfunction!(alloc::pin, m)?)?;

@@ -28,7 +28,7 @@ use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
 use crate::files::{safetensors_entries, SafetensorsEntry};
 use crate::IntoPy;
-use pyo3::exceptions::{PyStopIteration, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,14 +52,23 @@ struct Field {
     row_shape: Vec<usize>,
     rows: usize,
     row_bytes: usize,
-    /// (address, rows) of each piece of memory, concatenated.
-    segments: Vec<(*const u8, usize)>,
+    /// (address, rows) of each piece of memory, concatenated (addresses as
+    /// integers: the memory is `Keep`'s exports').
+    segments: Vec<(usize, usize)>,
 }
 
 /// What keeps a source's memory alive and unmoved: its buffer exports.
 struct Keep {
     views: Vec<ContiguousView>,
 }
+
+// SAFETY: the exports are released only when the `Loader` holding them is
+// dropped, which pyo3 does with the GIL held (on whichever thread drops
+// the last reference); nothing reads through `Keep` (the producer thread
+// sees only the addresses, copied out before it starts).
+unsafe impl Send for Keep {}
+// SAFETY: `&Keep` gives access to nothing.
+unsafe impl Sync for Keep {}
 
 /// The loader's row sources: each field pinned in place (read-only) when
 /// every field is one piece of memory that can be, so the device gathers
@@ -187,7 +196,7 @@ fn array_field(
         row_shape: row_shape.to_vec(),
         rows,
         row_bytes,
-        segments: vec![(view.ptr as *const u8, rows)],
+        segments: vec![(view.ptr as usize, rows)],
     };
     keep.views.push(view);
     Ok(field)
@@ -292,7 +301,7 @@ fn safetensors_fields(
             row_shape: row_shape.to_vec(),
             rows,
             row_bytes,
-            segments: vec![(ptr, rows)],
+            segments: vec![(ptr as usize, rows)],
         });
     }
     if fields.is_empty() {
@@ -415,7 +424,12 @@ fn importable(py: Python<'_>, name: &str) -> bool {
 ///   of `.npy` paths (memory-mapped, concatenated along axis 0), a
 ///   safetensors path (each tensor a field), or a dict of name → any of
 ///   those (equal row counts; each batch is then a dict).
-/// - Iterating runs one epoch; `len(loader)` is its batch count. The order
+/// - `iter(loader)` starts an epoch and returns its iterator (a
+///   `LoaderIterator`, itself its own iterator); a later `iter(loader)`
+///   starts afresh and the older iterator raises `RuntimeError`. A loader
+///   can be used from any thread, one at a time (a second thread taking a
+///   batch meanwhile gets `RuntimeError`). `len(loader)` is an epoch's
+///   batch count. The order
 ///   is `0..n`, or with `shuffle` a permutation that is a deterministic
 ///   function of `(seed, epoch)` (SplitMix64 Fisher–Yates, the same in any
 ///   process); `set_epoch(e)` picks the epoch, as with
@@ -432,7 +446,7 @@ fn importable(py: Python<'_>, name: &str) -> bool {
 ///   consumer's current stream (and any other) with nothing to wait for.
 ///   A thread of the loader's own runs the epoch without the GIL.
 /// - `state_dict()` / `load_state_dict(d)`: resume mid-epoch.
-#[pyclass(module = "gpufeed", unsendable)]
+#[pyclass(module = "gpufeed")]
 pub struct Loader {
     /// The producer thread running the epochs (None once stopped).
     producer: Option<Producer>,
@@ -467,6 +481,45 @@ pub struct Loader {
     _keep: Keep,
 }
 
+/// The batches of one epoch of a [`Loader`]: what `iter(loader)` returns
+/// (its own `iter()` is itself, so `it = iter(loader); next(it)` then
+/// `for b in it` goes on with the same epoch).
+#[pyclass(module = "gpufeed")]
+pub struct LoaderIterator {
+    loader: Py<Loader>,
+    /// The epoch run this iterator belongs to.
+    generation: u64,
+}
+
+#[pymethods]
+impl LoaderIterator {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch; `RuntimeError` once a later `iter(loader)` has
+    /// started the epoch afresh, or while another thread is in this
+    /// loader's `next`.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let mut loader = self.loader.bind(py).try_borrow_mut().map_err(|_| {
+            PyRuntimeError::new_err(
+                "Loader: another thread is taking a batch from this loader; use it from one \
+                 thread at a time",
+            )
+        })?;
+        if loader.generation != self.generation {
+            return Err(PyRuntimeError::new_err(
+                "Loader: this iterator's epoch was started afresh by a later iter(loader); \
+                 iterate the newer iterator",
+            ));
+        }
+        match loader.next_batch(py)? {
+            Some(b) => Ok(b),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+}
+
 /// What the producer is told.
 enum Command {
     /// Run `epoch` from batch `skip`, tagging its batches `generation`.
@@ -487,7 +540,9 @@ enum Message {
 /// The producer thread and its two channels.
 struct Producer {
     commands: std::sync::mpsc::Sender<Command>,
-    batches: std::sync::mpsc::Receiver<(u64, Message)>,
+    /// Behind a mutex only so that the `Loader` is `Sync` (a `Receiver` is
+    /// not); reached through `&mut`, never locked.
+    batches: std::sync::Mutex<std::sync::mpsc::Receiver<(u64, Message)>>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -548,7 +603,7 @@ impl Producer {
             })?;
         Ok(Producer {
             commands,
-            batches,
+            batches: std::sync::Mutex::new(batches),
             thread,
         })
     }
@@ -739,7 +794,7 @@ impl Loader {
                 "the loader's thread has stopped",
             ));
         };
-        let rx = &mut p.batches;
+        let rx = p.batches.get_mut().unwrap_or_else(|e| e.into_inner());
         loop {
             let r = &mut *rx; // `&mut Receiver` is Send (Receiver is not Sync)
             let got = py.detach(move || r.recv_timeout(std::time::Duration::from_millis(50)));
@@ -762,11 +817,6 @@ impl Loader {
                 "a Loader can't be used in a fork() child of the process that made it (its thread \
                  did not survive the fork): make one in the child",
             ));
-        }
-        if !self.running {
-            // next() without iter(): the current epoch, as iter() would.
-            let skip = std::mem::take(&mut self.resume_at);
-            self.start(skip)?;
         }
         if self.finished {
             return Ok(None);
@@ -946,12 +996,7 @@ impl Loader {
         }
         let plain: Vec<(Vec<(usize, usize)>, usize)> = fields
             .iter()
-            .map(|f| {
-                (
-                    f.segments.iter().map(|&(p, r)| (p as usize, r)).collect(),
-                    f.row_bytes,
-                )
-            })
+            .map(|f| (f.segments.clone(), f.row_bytes))
             .collect();
         let sources = py.detach(|| row_sources(&device, &plain)).py()?;
         let mut config = host::LoaderConfig::new(batch_size as usize);
@@ -1007,18 +1052,17 @@ impl Loader {
     }
 
     /// Starts an epoch (the one `set_epoch` chose; from the batch a loaded
-    /// state names, else from the start).
-    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyResult<PyRefMut<'_, Self>> {
+    /// state names, else from the start) and returns its iterator. A later
+    /// `iter(loader)` starts the epoch afresh; iterators of earlier ones
+    /// then raise `RuntimeError`.
+    fn __iter__(mut slf: PyRefMut<'_, Self>) -> PyResult<LoaderIterator> {
         let skip = std::mem::take(&mut slf.resume_at);
         slf.start(skip)?;
-        Ok(slf)
-    }
-
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        match self.next_batch(py)? {
-            Some(b) => Ok(b),
-            None => Err(PyStopIteration::new_err(())),
-        }
+        let generation = slf.generation;
+        Ok(LoaderIterator {
+            loader: slf.into(),
+            generation,
+        })
     }
 
     /// Chooses the epoch the next iteration runs (its shuffled order).

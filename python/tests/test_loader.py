@@ -467,17 +467,19 @@ def test_an_epoch_left_midway_restarts_cleanly_and_a_dropped_loader_does_not_han
     a = fresh(rng, (1000, 4), "int32")
     ld = gpufeed.Loader(a, 10, shuffle=True, seed=3, device=device, framework="numpy", prefetch=4)
     want = ref_batches(1000, 10, True, 3, 0)
-    for k, b in enumerate(ld):
+    it = iter(ld)
+    for k, b in enumerate(it):
         if k == 7:
             break  # the producer has batches of this epoch ready or in flight
-    # next() without iter() goes on with the epoch in progress.
-    same(next(ld), a[np.array(want[8])])
+    # The iterator goes on with the epoch in progress.
+    same(next(it), a[np.array(want[8])])
     # A new iteration starts the epoch afresh: nothing left over from before.
-    for k, b in enumerate(ld):
+    it = iter(ld)
+    for k, b in enumerate(it):
         same(b, a[np.array(want[k])])
     assert k == len(want) - 1
     with pytest.raises(StopIteration):
-        next(ld)
+        next(it)
     # Dropped in the middle of an epoch (its thread blocked handing over a
     # batch): returns at once, and the source's memory is released after.
     ld2 = gpufeed.Loader(a, 10, device=device, framework="numpy")
@@ -491,12 +493,13 @@ def test_an_epoch_left_midway_restarts_cleanly_and_a_dropped_loader_does_not_han
 def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device):
     import time
     ld = gpufeed.Loader(np.arange(100, dtype=np.int64), 10, device=device, framework="numpy")
-    next(iter(ld))
+    it = iter(ld)
+    next(it)
     pid = os.fork()
     if pid == 0:
         code = 5
         try:
-            next(ld)
+            next(it)
             code = 3
         except gpufeed.InvalidArgumentError:
             code = 0
@@ -514,7 +517,60 @@ def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device)
             pytest.fail("the forked child hung in next(loader)")
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-    assert next(ld).tolist() == list(range(10, 20))  # the parent's goes on
+    assert next(it).tolist() == list(range(10, 20))  # the parent's goes on
+
+
+def test_an_iterator_of_a_loader_goes_on_with_its_epoch_when_iterated_again(device):
+    a = np.arange(10, dtype=np.float32).reshape(10, 1)
+    ld = gpufeed.Loader(a, 3, device=device, framework="numpy")
+    it = iter(ld)
+    assert iter(it) is it
+    first = next(it)
+    same(first, a[0:3])
+    rest = list(it)  # iter(it) again: the same epoch, not a restart
+    assert [r.ravel().tolist() for r in rest] == [[3, 4, 5], [6, 7, 8], [9]]
+    # A later iter(loader) starts afresh; the older iterator says so.
+    old = iter(ld)
+    new = iter(ld)
+    with pytest.raises(RuntimeError, match="later iter"):
+        next(old)
+    same(next(new), a[0:3])
+
+
+def test_a_loader_is_used_and_dropped_on_another_thread_without_a_panic(device):
+    import gc
+    import threading
+    a = np.empty((20, 2), dtype=np.int32)  # owns its memory: resize() can tell an export
+    a[:] = np.arange(40).reshape(20, 2)
+    ld = gpufeed.Loader(a, 4, device=device, framework="numpy")
+    got, errors = [], []
+
+    def use():
+        try:
+            got.append(len(ld))
+            got.append([b.copy() for b in ld])
+        except BaseException as e:  # noqa: BLE001 - a PanicException is no Exception
+            errors.append(e)
+
+    t = threading.Thread(target=use)
+    t.start()
+    t.join()
+    assert errors == []
+    assert got[0] == 5
+    assert len(got[1]) == 5
+    for k, b in enumerate(got[1]):
+        same(b, a[4 * k:4 * k + 4])
+    # The last reference dropped on another thread: the loader goes, and with
+    # it the export of the source (the array can be resized again).
+    with pytest.raises(ValueError):
+        a.resize((10, 2))  # exported to the loader
+    holder = [ld]
+    del ld
+    t = threading.Thread(target=lambda: (holder.clear(), gc.collect()))
+    t.start()
+    t.join()
+    gc.collect()
+    a.resize((10, 2))
 
 
 @pytest.mark.parametrize("batch_size", [11, 2**40, 2**62])
