@@ -18,7 +18,8 @@ pub struct ContiguousView {
     pub itemsize: usize,
     /// The struct-module format, when given.
     pub format: Option<String>,
-    /// The exporter's shape (`[len / itemsize]` when it gives none).
+    /// The exporter's shape (`[]` for a 0-d array; `[len / itemsize]` when it
+    /// gives none).
     pub shape: Vec<usize>,
 }
 
@@ -48,7 +49,9 @@ impl ContiguousView {
             )
         };
         let (len, itemsize) = (view.len.max(0) as usize, view.itemsize.max(0) as usize);
-        let shape = if view.shape.is_null() || view.ndim < 0 {
+        let shape = if view.ndim == 0 && len == itemsize {
+            vec![] // a 0-d array: one value, no axes
+        } else if view.shape.is_null() || view.ndim < 0 {
             vec![len / itemsize.max(1)]
         } else {
             // SAFETY: a non-null shape has `ndim` entries owned by the export.

@@ -43,41 +43,98 @@ pub(crate) fn engine_for(py: Python<'_>, device: &host::Device) -> PyResult<host
     py.detach(|| engine(device)).py()
 }
 
+/// A host object's memory, exported: the view, what it was taken from when
+/// that isn't the caller's object (NumPy's view of a PyTorch tensor), and
+/// the dtype when the view's format doesn't say it (a bfloat16 tensor,
+/// seen as int16).
+struct Exported<'py> {
+    view: ContiguousView,
+    keep: Option<Bound<'py, PyAny>>,
+    dtype: Option<DType>,
+}
+
 /// A C-contiguous view of `obj`: its own buffer export, or, for objects
 /// without one (a PyTorch CPU tensor), NumPy's view of it (no copy; a
 /// non-contiguous tensor is refused, never copied).
-fn contiguous<'py>(
-    obj: &Bound<'py, PyAny>,
-    writable: bool,
-) -> PyResult<(ContiguousView, Option<Bound<'py, PyAny>>)> {
-    match ContiguousView::get(obj, writable) {
-        Ok(v) => Ok((v, None)),
-        Err(first) => {
-            let py = obj.py();
-            if first.is_instance_of::<pyo3::exceptions::PyValueError>(py) {
-                // NumPy's refusal of a C-contiguous export of a strided array.
-                return Err(crate::buffer_error(format!(
-                    "to_device/to_host take C-contiguous arrays only (no hidden copy): {first}"
-                )));
-            }
-            if !obj.hasattr("__array__")? {
-                return Err(first);
-            }
-            let np = obj.py().import("numpy")?;
-            let arr = np.call_method1("asarray", (obj,))?;
-            let v = ContiguousView::get(&arr, writable).map_err(|_| first)?;
-            if writable && v.len > 0 && !exposes(obj, v.ptr as usize) {
-                // NumPy made new memory: a copy into it would be lost.
-                return Err(crate::buffer_error(format!(
-                    "to_host: `out` ({}) gives NumPy only a copy of its memory, so the data would \
-                     never reach it: pass an object whose memory is written (a NumPy array, a \
-                     memory map, a bytearray, a PyTorch CPU tensor)",
-                    obj.get_type().name()?
-                )));
-            }
-            Ok((v, Some(arr)))
+fn contiguous<'py>(obj: &Bound<'py, PyAny>, writable: bool) -> PyResult<Exported<'py>> {
+    let first = match ContiguousView::get(obj, writable) {
+        Ok(view) => {
+            return Ok(Exported {
+                view,
+                keep: None,
+                dtype: None,
+            })
         }
+        Err(first) => first,
+    };
+    let py = obj.py();
+    if first.is_instance_of::<PyValueError>(py) {
+        // NumPy's refusal to export: a strided or read-only array, or a
+        // dtype a buffer can't describe (datetime64).
+        return Err(refusal(obj, writable, first));
     }
+    if !obj.hasattr("__array__")? {
+        return Err(first);
+    }
+    // A bfloat16 tensor: NumPy has no such dtype, so its memory is seen as
+    // int16 (the same two bytes per value; no copy).
+    let bf16 = obj
+        .getattr("dtype")
+        .and_then(|d| d.str())
+        .is_ok_and(|d| d.to_str().is_ok_and(|d| d == "torch.bfloat16"));
+    let seen = if bf16 {
+        obj.call_method1("view", (py.import("torch")?.getattr("int16")?,))?
+    } else {
+        obj.clone()
+    };
+    let np = py.import("numpy")?;
+    let arr = np.call_method1("asarray", (&seen,))?;
+    let view = match ContiguousView::get(&arr, writable) {
+        Ok(v) => v,
+        Err(e) if e.is_instance_of::<PyValueError>(py) => return Err(refusal(&arr, writable, e)),
+        Err(_) => return Err(first),
+    };
+    if writable && view.len > 0 && !exposes(obj, view.ptr as usize) {
+        // NumPy made new memory: a copy into it would be lost.
+        return Err(crate::buffer_error(format!(
+            "to_host: `out` ({}) gives NumPy only a copy of its memory, so the data would \
+             never reach it: pass an object whose memory is written (a NumPy array, a \
+             memory map, a bytearray, a PyTorch CPU tensor)",
+            obj.get_type().name()?
+        )));
+    }
+    Ok(Exported {
+        view,
+        keep: Some(arr),
+        dtype: bf16.then_some(DType::BF16),
+    })
+}
+
+/// The error for NumPy's refusal (`err`, a `ValueError`) to export `arr`:
+/// `BufferError` for memory that is not C-contiguous (or read-only, when
+/// written), `TypeError` for elements a buffer can't describe.
+fn refusal(arr: &Bound<'_, PyAny>, writable: bool, err: PyErr) -> PyErr {
+    let flag = |name: &str| -> Option<bool> {
+        arr.getattr("flags")
+            .and_then(|f| f.getattr(name))
+            .and_then(|v| v.extract())
+            .ok()
+    };
+    if flag("c_contiguous") == Some(false) {
+        return crate::buffer_error(format!(
+            "to_device/to_host take C-contiguous arrays only (no hidden copy): {err}"
+        ));
+    }
+    if writable && flag("writeable") == Some(false) {
+        return crate::buffer_error(format!("to_host: `out` is read-only: {err}"));
+    }
+    if flag("c_contiguous") == Some(true) {
+        return PyTypeError::new_err(format!(
+            "to_device/to_host: the array's elements have no device dtype (plain numbers \
+             only): {err}"
+        ));
+    }
+    crate::buffer_error(format!("to_device/to_host: no C-contiguous export: {err}"))
 }
 
 /// Whether `obj` says its memory starts at `ptr`: a PyTorch tensor's
@@ -97,7 +154,11 @@ fn exposes(obj: &Bound<'_, PyAny>, ptr: usize) -> bool {
 /// The dtype of a view, from its format; `TypeError` naming `what` (the
 /// call and its argument) for elements that are not plain numbers of a
 /// device dtype (Python objects, structured or byte-swapped fields).
-fn dtype_of(view: &ContiguousView, what: &str) -> PyResult<DType> {
+fn dtype_of(host: &Exported<'_>, what: &str) -> PyResult<DType> {
+    let view = &host.view;
+    if let Some(d) = host.dtype {
+        return Ok(d);
+    }
     let format = view.format.as_deref().unwrap_or("B");
     DType::from_format(format)
         .filter(|d| d.size() == view.itemsize)
@@ -132,8 +193,9 @@ pub fn to_device(
     let staging = engine_for(py, &device)?;
     // The view last: the array is exported (its owner can't resize it)
     // until the copy is over.
-    let (view, _keep) = contiguous(obj, false)?;
-    let dtype = dtype_of(&view, "to_device")?;
+    let host = contiguous(obj, false)?;
+    let dtype = dtype_of(&host, "to_device")?;
+    let view = host.view;
     let array = DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?;
     let src = view.as_bytes();
     array.with_own("to_device()", |buf| {
@@ -252,10 +314,11 @@ fn host_out<'py>(
             np.call_method1("empty", (PyTuple::new(py, &a.shape)?, a.dtype.numpy_name()))?
         }
     };
-    let (view, keep) = contiguous(&out, true)?;
+    let host = contiguous(&out, true)?;
     // Raw bytes go only into plain numbers: never over an object array's
     // references (or a structured or byte-swapped dtype's fields).
-    dtype_of(&view, "to_host: `out`")?;
+    dtype_of(&host, "to_host: `out`")?;
+    let Exported { view, keep, .. } = host;
     if view.len != a.nbytes {
         return Err(PyValueError::new_err(format!(
             "to_host: out holds {} bytes, the device array {}",
@@ -592,8 +655,9 @@ pub fn to_device_async(
 ) -> PyResult<Transfer> {
     let device = device_or_default(py, device)?;
     engine_for(py, &device)?;
-    let (view, keep) = contiguous(obj, false)?;
-    let dtype = dtype_of(&view, "to_device_async")?;
+    let host = contiguous(obj, false)?;
+    let dtype = dtype_of(&host, "to_device_async")?;
+    let Exported { view, keep, .. } = host;
     let array = Bound::new(
         py,
         DeviceArray::alloc(py, &device, view.shape.clone(), dtype)?,

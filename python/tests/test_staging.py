@@ -147,6 +147,52 @@ def test_to_host_refuses_an_out_that_numpy_can_only_copy(device):
     assert np.array_equal(gpufeed.to_host(gpufeed.to_device(out, device)), out.data)
 
 
+def test_each_refusal_has_the_documented_type_and_says_why(device):
+    d = gpufeed.to_device(np.zeros(6, np.float32), device)
+    # A dtype a buffer can't describe: TypeError, not a contiguity complaint.
+    for kind in ["M8[s]", "m8[s]"]:
+        with pytest.raises(TypeError, match="no device dtype"):
+            gpufeed.to_device(np.zeros(6, kind), device)
+    ro = np.full(6, np.nan, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(BufferError, match="read-only"):
+        gpufeed.to_host(d, out=ro)
+    assert np.isnan(ro).all()
+
+
+def test_a_0d_array_keeps_its_shape_both_ways(device):
+    a = np.array(3.5, np.float32)
+    d = gpufeed.to_device(a, device)
+    assert d.shape == ()
+    back = gpufeed.to_host(d)
+    assert back.shape == () and back == a
+    out = np.array(np.nan, np.float32)
+    assert gpufeed.to_host(d, out=out) is out and out == a
+
+
+def test_a_non_contiguous_cpu_tensor_is_a_buffer_error_both_ways(device):
+    torch = torch_or_skip()
+    t = torch.arange(12.0).reshape(3, 4).T
+    with pytest.raises(BufferError, match="C-contiguous"):
+        gpufeed.to_device(t, device)
+    d = gpufeed.to_device(np.zeros((20, 10), np.float32), device)
+    out = torch.full((10, 20), float("nan")).T
+    with pytest.raises(BufferError, match="C-contiguous"):
+        gpufeed.to_host(d, out=out)
+    assert out.isnan().all()
+
+
+def test_a_bfloat16_cpu_tensor_goes_to_the_device_and_back(device):
+    torch = torch_or_skip()
+    g = torch.Generator().manual_seed(23)
+    t = torch.randn(100_003, generator=g).to(torch.bfloat16)
+    d = gpufeed.to_device(t, device)
+    assert d.dtype == "bfloat16" and d.shape == (100_003,)
+    out = torch.full((100_003,), float("nan"), dtype=torch.bfloat16)
+    assert gpufeed.to_host(d, out=out) is out
+    assert torch.equal(out.view(torch.int16), t.view(torch.int16))  # every bit
+
+
 def test_a_cpu_tensor_is_written_in_place_by_to_host(device):
     torch = torch_or_skip()
     a = np.random.default_rng(19).standard_normal(300_001).astype(np.float32)
