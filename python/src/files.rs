@@ -11,7 +11,7 @@
 use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
 use crate::IntoPy;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::fs::File;
@@ -179,18 +179,22 @@ fn finish_atomically(
 /// `EOFError`-like `OSError` for a file shorter than the shape asks),
 /// `ValueError` for a bad shape.
 #[pyfunction]
-#[pyo3(signature = (path, dtype, shape=None, offset=0, device=None, direct=None, progress=None))]
+#[pyo3(
+    signature = (path, dtype, shape=None, offset=crate::Count(0), device=None, direct=None, progress=None),
+    text_signature = "(path, dtype, shape=None, offset=0, device=None, direct=None, progress=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn read_file(
     py: Python<'_>,
     path: PathBuf,
     dtype: &Bound<'_, PyAny>,
     shape: Option<&Bound<'_, PyAny>>,
-    offset: u64,
+    offset: crate::Count,
     device: Option<&Device>,
     direct: Option<bool>,
     progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<DeviceArray> {
+    let offset = offset.0;
     let dtype = crate::device::parse_dtype_or_f32(Some(dtype))?;
     let shape = match shape {
         Some(s) => crate::device::parse_shape(s)?,
@@ -204,7 +208,16 @@ pub fn read_file(
                     path.display()
                 ))
             })?;
-            vec![(rest / dtype.size() as u64) as usize]
+            let size = dtype.size() as u64;
+            if rest % size != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "{}: the {rest} bytes from offset {offset} to its end are not a whole number \
+                     of {} elements ({size} bytes each): pass shape= to read part of them",
+                    path.display(),
+                    dtype.numpy_name()
+                )));
+            }
+            vec![(rest / size) as usize]
         }
     };
     let device = device_or_default(py, device)?;
@@ -231,14 +244,17 @@ fn npy_header(py: Python<'_>, path: &Path) -> PyResult<(Vec<usize>, DType, u64)>
                 )))
             }
         };
-        let (shape, fortran, descr): (Vec<i64>, bool, Bound<'_, PyAny>) = header.extract()?;
-        let shape = shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<Vec<usize>, _>>()
-            .map_err(|_| {
+        let (shape, fortran, descr): (Bound<'_, PyAny>, bool, Bound<'_, PyAny>) =
+            header.extract()?;
+        // Each dimension a size: not negative, not past 64 bits.
+        let shape: Vec<usize> = shape
+            .extract::<Vec<Bound<'_, PyAny>>>()
+            .ok()
+            .and_then(|dims| dims.iter().map(|d| d.extract::<usize>().ok()).collect())
+            .ok_or_else(|| {
                 PyValueError::new_err(format!(
-                    "{}: the header's shape {shape:?} has a negative dimension",
+                    "{}: the header's shape {shape} is not a tuple of sizes (a dimension is \
+                     negative or too large)",
                     path.display()
                 ))
             })?;
@@ -358,20 +374,18 @@ pub(crate) fn safetensors_dtype(name: &str) -> Option<DType> {
     })
 }
 
-/// Whether a safetensors tensor's `data_offsets` `[begin, end]` hold
-/// `nbytes` bytes inside a file of `size` bytes whose data region starts
-/// at `data_start`. Checked arithmetic: the offsets are the file's, any
-/// u64 (a sum that wrapped would pass and read the header as data).
-pub(crate) fn offsets_hold(
-    begin: u64,
-    end: u64,
-    nbytes: usize,
-    data_start: u64,
-    size: u64,
-) -> bool {
-    end >= begin
-        && end - begin == nbytes as u64
-        && data_start.checked_add(end).is_some_and(|e| e <= size)
+/// Whether a safetensors tensor's `data_offsets` `[begin, end]` span
+/// exactly `nbytes` bytes.
+fn offsets_span(begin: u64, end: u64, nbytes: usize) -> bool {
+    end >= begin && end - begin == nbytes as u64
+}
+
+/// Where a safetensors tensor ending at data offset `end` ends in the file
+/// (its data region starting at `data_start`); `None` past 2**64 bytes.
+/// Checked arithmetic: the offsets are the file's, any u64 (a sum that
+/// wrapped would pass and read the header as data).
+fn file_end(end: u64, data_start: u64) -> Option<u64> {
+    data_start.checked_add(end)
 }
 
 /// One tensor of a safetensors file, as its header gives it, checked
@@ -391,8 +405,9 @@ pub(crate) struct SafetensorsEntry {
 /// byte is read. A dtype with no device dtype is
 /// `unsupported(tensor name, dtype name)`'s error; anything else wrong
 /// (length, UTF-8, JSON, a field missing or of the wrong type, a size that
-/// overflows, offsets that don't hold the tensor inside the file) a
-/// `ValueError` naming the file.
+/// overflows, offsets that don't span the tensor, two tensors sharing
+/// bytes) a `ValueError` naming the file; a tensor past the file's end
+/// (the file cut short) an `OSError`.
 pub(crate) fn safetensors_entries(
     py: Python<'_>,
     path: &Path,
@@ -426,6 +441,7 @@ pub(crate) fn safetensors_entries(
         .map_err(|_| bad("header is not a JSON object".into()))?;
     let data_start = 8 + n;
     let mut out = Vec::new();
+    let mut spans = Vec::new();
     for (name, meta) in entries.iter() {
         let name: String = name.extract()?;
         if name == "__metadata__" {
@@ -455,10 +471,25 @@ pub(crate) fn safetensors_entries(
             .iter()
             .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
             .ok_or_else(|| bad(format!("tensor {name:?}: size overflows")))?;
-        if !offsets_hold(begin, end, nbytes, data_start, size) {
+        if !offsets_span(begin, end, nbytes) {
             return Err(bad(format!(
-                "tensor {name:?}: data_offsets [{begin}, {end}] do not hold {nbytes} bytes inside the file"
+                "tensor {name:?}: data_offsets [{begin}, {end}] do not span its {nbytes} bytes"
             )));
+        }
+        let Some(ends_at) = file_end(end, data_start) else {
+            return Err(bad(format!(
+                "tensor {name:?}: data_offsets [{begin}, {end}] lie past 2**64 bytes"
+            )));
+        };
+        if ends_at > size {
+            return Err(PyOSError::new_err(format!(
+                "{}: the file is cut short: its header puts tensor {name:?} at data_offsets \
+                 [{begin}, {end}] after a {data_start}-byte header, the file has {size} bytes",
+                path.display()
+            )));
+        }
+        if end > begin {
+            spans.push((begin, end, name.clone()));
         }
         out.push(SafetensorsEntry {
             name,
@@ -467,6 +498,15 @@ pub(crate) fn safetensors_entries(
             at: data_start + begin,
             nbytes,
         });
+    }
+    // No two tensors share bytes (the safetensors package refuses such
+    // files too): one would alias the other's data.
+    spans.sort_unstable();
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+        return Err(bad(format!(
+            "tensors {:?} (data_offsets [{}, {}]) and {:?} ([{}, {}]) overlap",
+            w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+        )));
     }
     Ok((file, out))
 }
@@ -480,8 +520,8 @@ pub(crate) fn safetensors_entries(
 /// total_bytes)` every 64 MiB of the data (and at its end).
 ///
 /// Raises `ValueError` for a corrupt header (bad length, bad JSON, offsets
-/// outside the file or not matching the shape), an unknown dtype;
-/// `OSError` as `read_file`.
+/// not matching the shape, tensors that overlap), an unknown dtype;
+/// `OSError` as `read_file`, and for a file shorter than its header says.
 #[pyfunction]
 #[pyo3(signature = (path, device=None, direct=None, progress=None))]
 pub fn load_safetensors<'py>(

@@ -206,6 +206,29 @@ impl<T> IntoPy<T> for host::Result<T> {
     }
 }
 
+/// An argument that is a count or an offset: a Python int from 0 to
+/// 2**64 - 1. A negative or larger int is a `ValueError` (pyo3's own
+/// extraction says `OverflowError`); anything but an int a `TypeError`.
+#[derive(Clone, Copy)]
+pub struct Count(pub u64);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Count {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        obj.extract::<u64>().map(Count).map_err(|e| {
+            if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "{} is not a count or offset (0 to 2**64 - 1)",
+                    obj.as_any()
+                ))
+            } else {
+                e
+            }
+        })
+    }
+}
+
 /// A `BufferError` with `msg`.
 pub fn buffer_error(msg: impl Into<String>) -> PyErr {
     PyBufferError::new_err(msg.into())

@@ -27,6 +27,7 @@ use crate::buffer::ContiguousView;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
 use crate::files::{safetensors_entries, SafetensorsEntry};
+use crate::Count;
 use crate::IntoPy;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -858,21 +859,26 @@ impl Loader {
 #[pymethods]
 impl Loader {
     #[new]
-    #[pyo3(signature = (source, batch_size, shuffle=false, seed=0, drop_last=false, prefetch=2, device=None, framework="auto", rank=None, world_size=None))]
+    #[pyo3(
+        signature = (source, batch_size, shuffle=false, seed=Count(0), drop_last=false, prefetch=Count(2), device=None, framework="auto", rank=None, world_size=None),
+        text_signature = "(source, batch_size, shuffle=False, seed=0, drop_last=False, prefetch=2, device=None, framework=\"auto\", rank=None, world_size=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
-        batch_size: i64,
+        batch_size: Count,
         shuffle: bool,
-        seed: u64,
+        seed: Count,
         drop_last: bool,
-        prefetch: i64,
+        prefetch: Count,
         device: Option<&Bound<'_, PyAny>>,
         framework: &str,
-        rank: Option<usize>,
-        world_size: Option<usize>,
+        rank: Option<Count>,
+        world_size: Option<Count>,
     ) -> PyResult<Self> {
+        let (batch_size, seed, prefetch) = (batch_size.0, seed.0, prefetch.0);
+        let (rank, world_size) = (rank.map(|r| r.0 as usize), world_size.map(|w| w.0 as usize));
         if batch_size < 1 {
             return Err(PyValueError::new_err(format!(
                 "Loader: batch_size must be at least 1, not {batch_size}"
@@ -1066,8 +1072,8 @@ impl Loader {
     }
 
     /// Chooses the epoch the next iteration runs (its shuffled order).
-    fn set_epoch(&mut self, epoch: u64) {
-        self.epoch = epoch;
+    fn set_epoch(&mut self, epoch: Count) {
+        self.epoch = epoch.0;
     }
 
     /// The epoch the next (or current) iteration runs.
@@ -1103,8 +1109,8 @@ impl Loader {
     /// The rows this rank reads in `epoch` (default: the current one), in
     /// order; batch `i` is `indices[i*batch_size:(i+1)*batch_size]`.
     #[pyo3(signature = (epoch=None))]
-    fn indices(&self, epoch: Option<u64>) -> Vec<usize> {
-        host::epoch_indices(self.rows, &self.config, epoch.unwrap_or(self.epoch))
+    fn indices(&self, epoch: Option<Count>) -> Vec<usize> {
+        host::epoch_indices(self.rows, &self.config, epoch.map_or(self.epoch, |e| e.0))
     }
 
     /// `{"epoch", "batches" (handed out so far this epoch), "seed",

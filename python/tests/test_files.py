@@ -353,13 +353,57 @@ def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
         assert not target.exists() and not os.path.lexists(str(target) + ".partial")
 
 
-def test_a_npy_header_with_a_negative_dimension_is_a_value_error(device, tmp_path):
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (-3, 4), }"
+@pytest.mark.parametrize("dims", ["(-3, 4)", "(99999999999999999999, 4)"])
+def test_a_npy_header_with_a_negative_or_huge_dimension_is_a_value_error(device, tmp_path, dims):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % dims
     header += " " * (-(10 + len(header) + 1) % 64) + "\n"
     p = tmp_path / "neg.npy"
     p.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(48))
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match="negative or too large"):
         gpufeed.load(p, device)
+
+
+def test_read_file_refuses_a_rest_that_is_not_whole_elements_and_a_negative_offset(device, tmp_path):
+    p = tmp_path / "r.bin"
+    p.write_bytes(bytes([1, 2, 3]))
+    with pytest.raises(ValueError, match="whole number"):
+        gpufeed.read_file(p, "uint16", device=device)
+    with pytest.raises(ValueError, match="-4"):
+        gpufeed.read_file(p, "uint8", offset=-4, device=device)
+    # What is whole reads; shape= takes part of the rest.
+    assert gpufeed.to_host(gpufeed.read_file(p, "uint8", device=device)).tolist() == [1, 2, 3]
+    assert gpufeed.to_host(gpufeed.read_file(p, "uint16", shape=(1,), device=device)).tolist() == [513]
+
+
+def _safetensors(path, entries, data):
+    h = json.dumps(entries).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def test_a_cut_short_safetensors_file_is_an_os_error_for_load_and_loader(device, tmp_path):
+    st = tmp_path / "cut.safetensors"
+    _safetensors(st, {"a": {"dtype": "U8", "shape": [24], "data_offsets": [0, 24]}}, bytes(20))
+    with pytest.raises(OSError, match="cut short"):
+        gpufeed.load_safetensors(st, device)
+    with pytest.raises(OSError, match="cut short"):
+        gpufeed.Loader(str(st), 4, device=device)
+
+
+def test_safetensors_tensors_that_share_bytes_are_refused(device, tmp_path):
+    st = tmp_path / "alias.safetensors"
+    a = {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}
+    _safetensors(st, {"a": a, "b": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}, bytes(8))
+    with pytest.raises(ValueError, match="overlap"):
+        gpufeed.load_safetensors(st, device)
+    with pytest.raises(ValueError, match="overlap"):
+        gpufeed.Loader(str(st), 4, device=device)
+    # Adjacent tensors, and an empty one between them, share nothing.
+    _safetensors(st, {"a": a, "e": {"dtype": "U8", "shape": [0], "data_offsets": [8, 8]},
+                      "c": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}, bytes(range(12)))
+    got = gpufeed.load_safetensors(st, device)
+    assert gpufeed.to_host(got["c"]).tolist() == [8, 9, 10, 11]
+    assert got["e"].shape == (0,)
 
 
 @pytest.mark.parametrize("direct", [None, True, False])

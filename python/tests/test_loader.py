@@ -520,6 +520,21 @@ def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device)
     assert next(it).tolist() == list(range(10, 20))  # the parent's goes on
 
 
+def test_negative_or_too_large_counts_are_value_errors(device):
+    x = np.zeros((8, 2), np.float32)
+    for kwargs in [dict(rank=-1, world_size=2), dict(world_size=-2, rank=0), dict(seed=-5),
+                   dict(prefetch=-1), dict(batch_size=2**64)]:
+        args = {"batch_size": 2, **kwargs}
+        with pytest.raises(ValueError, match="not a count"):
+            gpufeed.Loader(x, device=device, framework="numpy", **args)
+    ld = gpufeed.Loader(x, 2, device=device, framework="numpy")
+    with pytest.raises(ValueError, match="not a count"):
+        ld.set_epoch(-1)
+    with pytest.raises(ValueError, match="not a count"):
+        ld.indices(2**64)
+    assert sorted(ld.indices(2**63)) == list(range(8))
+
+
 def test_an_iterator_of_a_loader_goes_on_with_its_epoch_when_iterated_again(device):
     a = np.arange(10, dtype=np.float32).reshape(10, 1)
     ld = gpufeed.Loader(a, 3, device=device, framework="numpy")
