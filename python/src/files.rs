@@ -73,9 +73,21 @@ impl<'py> Progress<'py> {
 }
 
 /// The OSError subclass of an I/O error (`FileNotFoundError`,
-/// `PermissionError`, `IsADirectoryError`...), its message naming `path`.
+/// `PermissionError`, `IsADirectoryError`...) as Python's own `open` gives
+/// it: `errno`, `strerror` and `filename` set, so its message reads
+/// `[Errno 2] No such file or directory: 'x.npy'`.
 pub(crate) fn open_error(path: &Path, e: std::io::Error) -> PyErr {
-    crate::os_error(&e, format!("{}: {e}", path.display()))
+    match e.raw_os_error() {
+        Some(code) => {
+            let text = e.to_string();
+            let strerror = text
+                .strip_suffix(&format!(" (os error {code})"))
+                .unwrap_or(&text)
+                .to_string();
+            PyOSError::new_err((code, strerror, path.as_os_str().to_os_string()))
+        }
+        None => crate::os_error(&e, format!("{}: {e}", path.display())),
+    }
 }
 
 /// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours),

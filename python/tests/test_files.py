@@ -663,3 +663,14 @@ def test_file_names_that_are_not_utf8_are_kept_byte_for_byte(device, tmp_path):
     ld = gpufeed.Loader(str(tmp_path / (name + ".safetensors")), 33, device=device, framework="gpufeed")
     (batch,) = list(ld)
     assert np.array_equal(host_copy(batch["a"]).view(np.uint8), a.view(np.uint8))
+
+
+def test_a_missing_file_is_reported_as_python_s_own_open_reports_it(device, tmp_path):
+    missing = tmp_path / "nope.safetensors"
+    for load in (lambda: gpufeed.load_safetensors(missing, device),
+                 lambda: gpufeed.Loader(str(missing), 4, device=device),
+                 lambda: gpufeed.load(tmp_path / "nope.npy", device)):
+        with pytest.raises(FileNotFoundError) as e:
+            load()
+        assert e.value.errno == 2 and e.value.filename is not None
+        assert str(e.value).startswith("[Errno 2] No such file or directory: ")
