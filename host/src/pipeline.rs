@@ -1052,8 +1052,10 @@ impl Pipeline {
         plan.validate(n)?;
         if streams > self.streams.len() {
             return Err(Error::InvalidArgument(format!(
-                "plan wants {} streams, the pipeline has {}",
+                "plan wants {} streams, the pipeline has {} (Plan::auto_for(n, {}) fits the \
+                 plan to this pipeline; Plan::auto's engines layout needs at least 3)",
                 streams,
+                self.streams.len(),
                 self.streams.len()
             )));
         }

@@ -877,6 +877,34 @@ fn the_automatic_plan_fits_a_pipeline_of_any_stream_count() {
     }
 }
 
+#[test]
+fn the_automatic_plan_on_too_few_streams_is_an_error_that_says_how_to_fit_it() {
+    let device = host::Device::cpu();
+    let n = 1 << 20;
+    let data = random(n, 6);
+    let pipe = Pipeline::new(&device, 2).unwrap();
+    let input = PinnedBuffer::from_slice(&device, &data).unwrap();
+    let output = PinnedBuffer::<f32>::new(&device, n).unwrap();
+    let e = block_on(pipe.run(
+        input,
+        output,
+        Kernel::Scale { s: 2.0 },
+        Plan::auto(n),
+        host::Timeline::Off,
+    ))
+    .unwrap_err();
+    assert!(
+        e.error.to_string().contains("Plan::auto_for(n, 2)"),
+        "{}",
+        e.error
+    );
+    // The buffers come back whole.
+    let (input, _output) = e
+        .bundle
+        .expect("a plan refused before any work hands the buffers back");
+    assert_eq!(input.as_slice(), &data[..]);
+}
+
 host::backend_tests!(two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock);
 fn two_pipelines_whose_stages_start_runs_of_each_other_do_not_deadlock(device: host::Device) {
     use std::sync::Barrier;
