@@ -69,7 +69,8 @@ pub(crate) struct CpuBackend {
     shared: Arc<Shared>,
     info: DeviceInfo,
     policy: LockPolicy,
-    device_allocs: Mutex<HashMap<u64, Layout>>,
+    /// Each device allocation's address → (the allocator's block, its layout).
+    device_allocs: Mutex<HashMap<u64, (usize, Layout)>>,
     release_failures: crate::backend::ReleaseFailures,
     /// Host frees or unregistrations still to report a failure (a test hook).
     #[cfg(feature = "hooks")]
@@ -397,8 +398,14 @@ impl Backend for CpuBackend {
         if bytes == 0 {
             return Ok(0);
         }
-        let layout =
-            Layout::from_size_align(bytes, DEVICE_ALIGN).map_err(|_| Error::SizeOverflow {
+        // Allocated at the allocator's own alignment and aligned by hand: a
+        // zeroed allocation of that alignment is `calloc`, whose large blocks
+        // are fresh zero pages (an alignment above it is a memset of every
+        // byte: seconds for gigabytes, before the copy even starts).
+        let layout = bytes
+            .checked_add(DEVICE_ALIGN)
+            .and_then(|b| Layout::from_size_align(b, 16).ok())
+            .ok_or(Error::SizeOverflow {
                 count: bytes,
                 elem_size: 1,
             })?;
@@ -410,19 +417,21 @@ impl Backend for CpuBackend {
                 bytes,
             });
         }
-        lock(&self.device_allocs).insert(p as u64, layout);
-        Ok(p as u64)
+        let aligned = p.wrapping_add(p.align_offset(DEVICE_ALIGN));
+        lock(&self.device_allocs).insert(aligned as u64, (p as usize, layout));
+        Ok(aligned as u64)
     }
 
     unsafe fn free_device(&self, ptr: u64) -> Result<()> {
         if ptr == 0 {
             return Ok(());
         }
-        let layout = lock(&self.device_allocs)
+        let (base, layout) = lock(&self.device_allocs)
             .remove(&ptr)
             .ok_or_else(|| Error::Internal(format!("{ptr:#x} is not a device allocation")))?;
-        // SAFETY: allocated by alloc_device with this layout; unused (caller).
-        unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        // SAFETY: allocated by alloc_device at `base` with this layout;
+        // unused (caller).
+        unsafe { std::alloc::dealloc(base as *mut u8, layout) };
         Ok(())
     }
 
@@ -701,5 +710,27 @@ impl RawStream for CpuStream {
             }
         });
         self.send(task)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_allocations_are_aligned_zeroed_and_freed_at_any_size() {
+        let b = CpuBackend::new(LockPolicy::default());
+        for bytes in [1, 255, 256, 4097, 1 << 20, (64 << 20) + 3] {
+            let p = b.alloc_device(bytes).unwrap();
+            assert_eq!(p as usize % DEVICE_ALIGN, 0, "{bytes} bytes at {p:#x}");
+            // SAFETY: `bytes` bytes at `p`, ours until freed below.
+            let mem = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, bytes) };
+            assert!(mem.iter().all(|&x| x == 0), "{bytes} bytes not zeroed");
+            mem.fill(0xA5); // the whole range is writable
+                            // SAFETY: allocated above, unused now.
+            unsafe { b.free_device(p) }.unwrap();
+        }
+        // SAFETY: not an allocation: refused, nothing freed.
+        assert!(unsafe { b.free_device(256) }.is_err());
     }
 }
