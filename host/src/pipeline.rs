@@ -1051,12 +1051,18 @@ impl Pipeline {
         })?;
         plan.validate(n)?;
         if streams > self.streams.len() {
+            let hint = match plan.layout {
+                Layout::Engines { .. } => format!(
+                    " (the engines layout, Plan::auto's, needs 3; Plan::auto_for(n, {}) fits \
+                     the automatic plan to this pipeline)",
+                    self.streams.len()
+                ),
+                Layout::RoundRobin { .. } => String::new(),
+            };
             return Err(Error::InvalidArgument(format!(
-                "plan wants {} streams, the pipeline has {} (Plan::auto_for(n, {}) fits the \
-                 plan to this pipeline; Plan::auto's engines layout needs at least 3)",
+                "plan wants {} streams, the pipeline has {}{hint}",
                 streams,
                 self.streams.len(),
-                self.streams.len()
             )));
         }
         let ranges = plan.ranges(n);

@@ -956,10 +956,15 @@ fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
             ty.name()?
         )));
     }
+    let name = ty.name()?;
+    let why = if name.to_str().is_ok_and(|n| n == "mmap") {
+        " (an mmap's pages can be reached through the file)"
+    } else {
+        ""
+    };
     Err(PyTypeError::new_err(format!(
         "pin() takes a numpy.ndarray that owns its memory, a bytearray or an array.array, not \
-         {} (an mmap's pages can be reached through the file)",
-        ty.name()?
+         {name}{why}"
     )))
 }
 

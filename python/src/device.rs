@@ -51,8 +51,12 @@ impl Device {
     /// `"cpu"`, or None for `HOST_BACKEND` (default auto). The same backend
     /// and ordinal always give the same device.
     #[new]
-    #[pyo3(signature = (backend=None, ordinal=0))]
-    fn new(py: Python<'_>, backend: Option<&str>, ordinal: usize) -> PyResult<Self> {
+    #[pyo3(
+        signature = (backend=None, ordinal=crate::Count(0)),
+        text_signature = "(backend=None, ordinal=0)"
+    )]
+    fn new(py: Python<'_>, backend: Option<&str>, ordinal: crate::Count) -> PyResult<Self> {
+        let ordinal = ordinal.0 as usize;
         let choice = match backend {
             Some(b) => b.parse::<BackendChoice>().py()?,
             None => DeviceOptions::from_env().py()?.backend,
@@ -125,7 +129,7 @@ impl Device {
 /// that is given no device.
 #[pyfunction]
 pub fn default_device(py: Python<'_>) -> PyResult<Device> {
-    Device::new(py, None, 0)
+    Device::new(py, None, crate::Count(0))
 }
 
 /// `device` or the default device.
@@ -138,12 +142,24 @@ pub fn device_or_default(py: Python<'_>, device: Option<&Device>) -> PyResult<ho
 
 /// A shape: an int or a sequence of ints.
 pub fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
-    if let Ok(n) = shape.extract::<usize>() {
-        return Ok(vec![n]);
-    }
-    shape
-        .extract::<Vec<usize>>()
-        .map_err(|_| PyTypeError::new_err("shape must be a non-negative int or a sequence of them"))
+    // An int (anything with `__index__`), or a sequence of them; a
+    // negative or too large dimension is a `ValueError`, an exception the
+    // object's own `__index__` raises propagates as it is.
+    let dims: Vec<Bound<'_, PyAny>> = if shape.hasattr("__index__")? {
+        vec![shape.clone()]
+    } else if shape.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(
+            "shape must be an int or a sequence of ints, not a str",
+        ));
+    } else {
+        shape
+            .try_iter()
+            .map_err(|_| PyTypeError::new_err("shape must be an int or a sequence of ints"))?
+            .collect::<PyResult<_>>()?
+    };
+    dims.iter()
+        .map(|d| d.extract::<crate::Count>().map(|c| c.0 as usize))
+        .collect()
 }
 
 /// A dtype: a name (`"float32"`, `"f4"`), a NumPy dtype or type, a PyTorch dtype.

@@ -229,6 +229,18 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Count {
     }
 }
 
+impl Count {
+    /// The count as a `u32`: `ValueError` naming `what` above 2**32 - 1.
+    pub fn u32(self, what: &str) -> PyResult<u32> {
+        u32::try_from(self.0).map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "{what}: {} is above 2**32 - 1",
+                self.0
+            ))
+        })
+    }
+}
+
 /// A `BufferError` with `msg`.
 pub fn buffer_error(msg: impl Into<String>) -> PyErr {
     PyBufferError::new_err(msg.into())
@@ -239,28 +251,71 @@ fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     alloc::Taken::get(py)?;
-    m.add("GpuFeedError", py.get_type::<GpuFeedError>())?;
-    m.add("DriverError", py.get_type::<DriverError>())?;
-    m.add("ContextBrokenError", py.get_type::<ContextBrokenError>())?;
-    m.add("KernelFaultError", py.get_type::<KernelFaultError>())?;
-    m.add(
-        "BackendUnavailableError",
-        py.get_type::<BackendUnavailableError>(),
-    )?;
-    m.add("NoSuchDeviceError", py.get_type::<NoSuchDeviceError>())?;
-    m.add("LengthMismatchError", py.get_type::<LengthMismatchError>())?;
-    m.add("OutOfBoundsError", py.get_type::<OutOfBoundsError>())?;
-    m.add("SizeOverflowError", py.get_type::<SizeOverflowError>())?;
-    m.add("LockFailedError", py.get_type::<LockFailedError>())?;
-    m.add(
-        "InvalidArgumentError",
-        py.get_type::<InvalidArgumentError>(),
-    )?;
-    m.add("OverlapError", py.get_type::<OverlapError>())?;
-    m.add("NotTimedError", py.get_type::<NotTimedError>())?;
-    m.add("NotReadyError", py.get_type::<NotReadyError>())?;
-    m.add("InternalError", py.get_type::<InternalError>())?;
-    m.add("OutOfMemoryError", out_of_memory_error(py)?)?;
+    // Each error class, with its `kind` (the Rust variant's name) as a class
+    // attribute: an error raised anywhere carries it, not only those made
+    // by `to_py`.
+    let errors = [
+        ("GpuFeedError", py.get_type::<GpuFeedError>(), "Other"),
+        ("DriverError", py.get_type::<DriverError>(), "Driver"),
+        (
+            "ContextBrokenError",
+            py.get_type::<ContextBrokenError>(),
+            "ContextBroken",
+        ),
+        (
+            "KernelFaultError",
+            py.get_type::<KernelFaultError>(),
+            "KernelFault",
+        ),
+        (
+            "BackendUnavailableError",
+            py.get_type::<BackendUnavailableError>(),
+            "BackendUnavailable",
+        ),
+        (
+            "NoSuchDeviceError",
+            py.get_type::<NoSuchDeviceError>(),
+            "NoSuchDevice",
+        ),
+        (
+            "LengthMismatchError",
+            py.get_type::<LengthMismatchError>(),
+            "LengthMismatch",
+        ),
+        (
+            "OutOfBoundsError",
+            py.get_type::<OutOfBoundsError>(),
+            "OutOfBounds",
+        ),
+        (
+            "SizeOverflowError",
+            py.get_type::<SizeOverflowError>(),
+            "SizeOverflow",
+        ),
+        (
+            "LockFailedError",
+            py.get_type::<LockFailedError>(),
+            "LockFailed",
+        ),
+        (
+            "InvalidArgumentError",
+            py.get_type::<InvalidArgumentError>(),
+            "InvalidArgument",
+        ),
+        ("OverlapError", py.get_type::<OverlapError>(), "Overlap"),
+        ("NotTimedError", py.get_type::<NotTimedError>(), "NotTimed"),
+        ("NotReadyError", py.get_type::<NotReadyError>(), "NotReady"),
+        ("InternalError", py.get_type::<InternalError>(), "Internal"),
+        (
+            "OutOfMemoryError",
+            out_of_memory_error(py)?.clone(),
+            "OutOfMemory",
+        ),
+    ];
+    for (name, class, kind) in errors {
+        class.setattr("kind", kind)?;
+        m.add(name, class)?;
+    }
     m.add_class::<device::Device>()?;
     m.add_class::<device::DeviceArray>()?;
     m.add_class::<alloc::PinnedAllocator>()?;

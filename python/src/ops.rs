@@ -596,7 +596,9 @@ fn parse_command(b: &mut Batch, cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
             b.float32(x, "intensity")?;
             Cmd::Intensity {
                 x,
-                k: t.get_item(2)?.extract()?,
+                k: t.get_item(2)?
+                    .extract::<crate::Count>()?
+                    .u32("intensity: k")?,
             }
         }
         "saxpy" => {
@@ -990,8 +992,13 @@ impl Stream {
     }
 
     /// `k` dependent FMAs per element of a float32 device array (`intensity`).
-    fn intensity(&self, py: Python<'_>, x: &Bound<'_, PyAny>, k: u32) -> PyResult<Operation> {
-        self.submit_one(py, ("intensity", x, k))
+    fn intensity(
+        &self,
+        py: Python<'_>,
+        x: &Bound<'_, PyAny>,
+        k: crate::Count,
+    ) -> PyResult<Operation> {
+        self.submit_one(py, ("intensity", x, k.u32("intensity: k")?))
     }
 
     /// `y = a * x + y` on float32 device arrays (`saxpy`; `x` may be `y`), as

@@ -88,8 +88,12 @@ impl Pipeline {
     /// `Pipeline(device=None, streams=4)`: 1 to 64 streams (`InvalidArgumentError`
     /// beyond).
     #[new]
-    #[pyo3(signature = (device=None, streams=4))]
-    fn new(py: Python<'_>, device: Option<&Device>, streams: usize) -> PyResult<Self> {
+    #[pyo3(
+        signature = (device=None, streams=crate::Count(4)),
+        text_signature = "(device=None, streams=4)"
+    )]
+    fn new(py: Python<'_>, device: Option<&Device>, streams: crate::Count) -> PyResult<Self> {
+        let streams = streams.0 as usize;
         let device = device_or_default(py, device)?;
         let inner = py.detach(|| host::Pipeline::new(&device, streams)).py()?;
         Ok(Pipeline {
@@ -305,13 +309,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// `speedup`, `plan`, `backend`, `correct` (both outputs equal the CPU
 /// reference bit for bit).
 #[pyfunction]
-#[pyo3(signature = (size, device=None, reps=3))]
+#[pyo3(
+    signature = (size, device=None, reps=crate::Count(3)),
+    text_signature = "(size, device=None, reps=3)"
+)]
 pub fn compare_sync_async<'py>(
     py: Python<'py>,
-    size: usize,
+    size: crate::Count,
     device: Option<&Device>,
-    reps: usize,
+    reps: crate::Count,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let (size, reps) = (size.0 as usize, reps.0 as usize);
     if size == 0 {
         return Err(crate::to_py(host::Error::InvalidArgument(
             "compare_sync_async needs at least one element".into(),

@@ -23,19 +23,41 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// One staging engine per device (keyed by the device's identity), made at
-/// first use and kept: its pinned ring (32 MiB by default) is reused by
-/// every copy.
-static ENGINES: Mutex<Vec<(host::Device, host::Staging)>> = Mutex::new(Vec::new());
+/// One staging engine per device (keyed by the device's identity) and
+/// process, made at first use and kept: its pinned ring (32 MiB by
+/// default) is reused by every copy.
+static ENGINES: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
+
+/// A kept engine: the process that made it, its device, the engine.
+struct Engine {
+    pid: u32,
+    device: host::Device,
+    staging: host::Staging,
+}
 
 fn engine(device: &host::Device) -> host::Result<host::Staging> {
     let mut engines = ENGINES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, s)) = engines.iter().find(|(d, _)| d.same_as(device)) {
-        return Ok(s.clone());
+    // In a fork() child the parent's engines have no workers (they refuse
+    // every copy): forgotten, not dropped (their threads and blocks are the
+    // parent's), and the child makes its own.
+    let pid = std::process::id();
+    if engines.iter().any(|e| e.pid != pid) {
+        let (ours, parents): (Vec<Engine>, Vec<Engine>) = std::mem::take(&mut *engines)
+            .into_iter()
+            .partition(|e| e.pid == pid);
+        std::mem::forget(parents);
+        *engines = ours;
     }
-    let s = host::Staging::new(device)?;
-    engines.push((device.clone(), s.clone()));
-    Ok(s)
+    if let Some(e) = engines.iter().find(|e| e.device.same_as(device)) {
+        return Ok(e.staging.clone());
+    }
+    let staging = host::Staging::new(device)?;
+    engines.push(Engine {
+        pid,
+        device: device.clone(),
+        staging: staging.clone(),
+    });
+    Ok(staging)
 }
 
 /// The device's staging engine, made at first use (GIL released meanwhile).

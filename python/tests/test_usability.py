@@ -97,3 +97,49 @@ def test_copy_length_mismatch_counts_elements(device):
     with pytest.raises(gpufeed.LengthMismatchError, match="expected 4 elements, got 3"):
         gpufeed.Stream(device).submit(("h2d", src, dst))
 
+
+
+def test_negative_counts_are_value_errors_everywhere(device):
+    with pytest.raises(ValueError, match="not a count"):
+        gpufeed.Device("cpu", ordinal=-1)
+    with pytest.raises(ValueError, match="not a count"):
+        gpufeed.Pipeline(device, streams=-1)
+    with pytest.raises(ValueError, match="not a count"):
+        gpufeed.compare_sync_async(-5, device)
+    d = device.empty((8,), "float32")
+    s = gpufeed.Stream(device)
+    for bad in (lambda: s.intensity(d, -1), lambda: s.submit(("intensity", d, -1))):
+        with pytest.raises(ValueError, match="not a count"):
+            bad()
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        s.intensity(d, 2**32)
+    assert d.state == "ready"  # nothing refused took it
+    for shape in [-1, (4, -2)]:
+        with pytest.raises(ValueError, match="not a count"):
+            device.empty(shape, "float32")
+        with pytest.raises(ValueError, match="not a count"):
+            gpufeed.PinnedAllocator(device).alloc(shape, "float32")
+
+
+def test_an_exception_from_a_shapes_own_index_propagates(device):
+    class Bad:
+        def __index__(self):
+            raise KeyError("from __index__")
+
+    with pytest.raises(KeyError, match="from __index__"):
+        gpufeed.PinnedAllocator(device).alloc((Bad(),), "float32")
+    with pytest.raises(TypeError):
+        device.empty("12", "float32")  # a str is not a shape
+    assert device.empty(np.int64(3), "float32").shape == (3,)
+
+
+def test_every_error_class_carries_its_kind_however_it_was_raised(device):
+    for name, kind in [("BackendUnavailableError", "BackendUnavailable"),
+                       ("InvalidArgumentError", "InvalidArgument"), ("InternalError", "Internal"),
+                       ("OutOfMemoryError", "OutOfMemory"), ("GpuFeedError", "Other")]:
+        assert getattr(gpufeed, name).kind == kind
+    if device.kind == "cpu":
+        # Raised directly by gpufeed, not from a Rust error: still has .kind.
+        with pytest.raises(gpufeed.BackendUnavailableError) as e:
+            gpufeed.as_device_array(np.zeros(3), device)
+        assert e.value.kind == "BackendUnavailable"
