@@ -31,7 +31,10 @@ use std::os::unix::io::AsRawFd;
 /// How a file is read into the ring ([`crate::Staging::read_file_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FileIo {
-    /// Buffered (see the module's notes for why, measured). The way
+    /// Buffered: on the H200 machine cold `O_DIRECT` reads were no faster
+    /// than buffered ones (1.52 against 1.52 GB/s at 4 GiB), and a file read
+    /// `O_DIRECT` stays out of the page cache, so its next read comes from
+    /// the disk again (REPORT.md, "Files to the device and back"). The way
     /// taken: [`crate::StagedCopy::file_io`], or
     /// [`crate::Staging::file_io_for`] before a read.
     #[default]

@@ -149,9 +149,11 @@ impl LoaderConfig {
     }
 }
 
-/// The rows one rank sees in `epoch`, in order, from a source of `n` rows:
-/// `torch.utils.data.DistributedSampler`'s semantics exactly, the
-/// permutation aside (ours is [`permutation`]).
+/// The rows one rank's sampler gives in `epoch`, in order, from a source of
+/// `n` rows: `torch.utils.data.DistributedSampler`'s semantics exactly, the
+/// permutation aside (ours is [`permutation`]). The loader cuts them into
+/// batches of `batch_size`; with `drop_last` it also leaves out a last
+/// partial batch, as `DataLoader(drop_last=True)` does.
 ///
 /// The order of the epoch (`0..n`, or the permutation when shuffling) is
 /// made a multiple of `world_size` long: without `drop_last` by repeating
@@ -453,7 +455,10 @@ struct InFlightBatch<T: Pod> {
 
 /// A loader: batches of rows of one or more fields (features, labels) from
 /// host memory to device buffers, `prefetch` batches ahead, as a
-/// [`futures::Stream`] over one epoch at a time. See the module's notes.
+/// [`futures::Stream`] over one epoch at a time. Rows are gathered on the
+/// device from a source pinned in place ([`RowSource::registered`]: only
+/// the indices cross the link), else by the staging workers into pinned
+/// blocks sent on the loader's own stream ([`Loader::gather`] says which).
 ///
 /// # Cancel safety
 /// Gathered on the host ([`Gather::Host`]), rows are read only inside a

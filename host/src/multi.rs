@@ -77,7 +77,9 @@ impl MultiPipeline {
     /// Pushes `input` through H2D → `kernel` → D2H into `output`: device
     /// `k` takes [`MultiPipeline::parts`]`[k]`, cut by `plan` on its own
     /// pipeline, all devices at once. The job hands both buffers back when
-    /// every part is out, with each device's [`RunInfo`].
+    /// every part is out, with the [`RunInfo`] of each device whose part is
+    /// not empty, in device order (a small `n` leaves later parts empty and
+    /// their devices idle).
     ///
     /// The buffers are pinned memory of any device of the backend (portable
     /// pinned memory, as a [`PinnedPool`](crate::PinnedPool) allocates, is

@@ -520,9 +520,9 @@ impl Staging {
 
     /// Reads `dst.len()` values from `file`, starting at byte `at`, into
     /// `dst`: parallel `pread`s by the workers into the pinned ring, each
-    /// block's DMA overlapping the reads of the next. A range in the page
-    /// cache is read buffered (it arrives at the link's speed), a cold one
-    /// with `O_DIRECT` in large requests (at the disk's): [`FileIo::Auto`].
+    /// block's DMA overlapping the reads of the next. Read buffered
+    /// ([`FileIo::Auto`]); [`Staging::read_file_with`] takes
+    /// [`FileIo::Direct`] for `O_DIRECT` reads that leave the page cache alone.
     ///
     /// # Errors
     /// [`Error::Io`]: the system's error (a directory, a file opened for
@@ -721,7 +721,8 @@ impl Staging {
     /// buffer written in ranges lets the caller report progress).
     ///
     /// # Errors
-    /// `OutOfBounds` for a range outside `src`; as [`Staging::write_file`].
+    /// `OutOfBounds` for a range outside `src`, `InvalidArgument` for a file
+    /// range past `u64::MAX` (nothing written); as [`Staging::write_file`].
     ///
     /// # Cancel safety
     /// As [`Staging::write_file`].
@@ -733,8 +734,16 @@ impl Staging {
         at: u64,
     ) -> StagedCopy<'a> {
         let len = range.end.saturating_sub(range.start);
+        let bytes = len.saturating_mul(std::mem::size_of::<T>()) as u64;
         let mut copy = self.start(src, range.start, len, Dir::FileOut { file, at });
         copy.fail_unless(ordered(&range, src.len()));
+        // Checked before any byte is written: a sum past u64::MAX would wrap
+        // the workers' offsets to the start of the file.
+        copy.fail_unless(at.checked_add(bytes).map(|_| ()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a file write of {bytes} bytes at offset {at} ends past u64::MAX"
+            ))
+        }));
         copy
     }
 

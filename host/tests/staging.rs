@@ -505,6 +505,35 @@ fn bad_files_are_typed_errors(device: host::Device) {
     // Writing to a file opened read-only.
     let err = staging.write_file_blocking(&dev, &file, 0).unwrap_err();
     assert!(matches!(&err, Error::Io(_)), "{err:?}");
+    // A write whose end lies past u64::MAX: refused before any byte is
+    // written (the workers' offsets would wrap to the file's start).
+    let path = dir.join("zeros.bin");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let rw = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let err = staging
+        .write_file_blocking(&dev, &rw, u64::MAX - 3)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(m) if m.contains("past u64::MAX")),
+        "{err:?}"
+    );
+    let err = staging
+        .write_file_with_blocking(&dev, 10..20, &rw, u64::MAX - 39)
+        .unwrap_err();
+    assert!(matches!(&err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(
+        std::fs::read(&path).unwrap().iter().all(|&b| b == 0),
+        "a refused write wrote"
+    );
+    // The same write ending exactly at u64::MAX is not refused as past it.
+    let err = staging
+        .write_file_with_blocking(&dev, 10..20, &rw, u64::MAX - 40)
+        .unwrap_err();
+    assert!(!matches!(&err, Error::InvalidArgument(_)), "{err:?}");
     // The device buffer is still usable.
     dev.copy_from_host_sync(&vec![9; 200_000]).unwrap();
     assert_eq!(read(&mut dev), vec![9; 200_000]);
