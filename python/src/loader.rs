@@ -153,14 +153,14 @@ fn array_field(
         }
     }
     let view = ContiguousView::get(obj, false).map_err(|e| {
-        if obj.hasattr("__array_interface__").unwrap_or(false)
-            || obj.hasattr("shape").unwrap_or(false)
-        {
+        if e.is_instance_of::<PyValueError>(obj.py()) {
+            // NumPy's refusal to export an array it holds strided.
             PyValueError::new_err(format!("Loader: {what} has no C-contiguous buffer: {e}"))
         } else {
             PyTypeError::new_err(format!(
                 "Loader: {what} must be a NumPy array or memory map, a list of .npy paths, a \
-                 safetensors path or a dict of those, not {}",
+                 safetensors path or a dict of those, not {} (a CPU tensor: pass t.numpy(), \
+                 which shares its memory)",
                 type_name(obj)
             ))
         }
@@ -467,6 +467,9 @@ pub struct Loader {
     /// dropped), its first batch, batches handed out, whether it ended.
     generation: u64,
     running: bool,
+    /// The epoch the running (or last) iteration runs: `epoch` may have
+    /// been set to the next one since.
+    running_epoch: u64,
     skip: usize,
     handed_out: usize,
     finished: bool,
@@ -771,6 +774,7 @@ impl Loader {
         self.handed_out = 0;
         self.finished = false;
         self.running = true;
+        self.running_epoch = self.epoch;
         let command = Command::Start {
             epoch: self.epoch,
             skip,
@@ -1031,6 +1035,7 @@ impl Loader {
             config,
             generation: 0,
             running: false,
+            running_epoch: 0,
             skip: 0,
             handed_out: 0,
             finished: false,
@@ -1071,8 +1076,13 @@ impl Loader {
         })
     }
 
-    /// Chooses the epoch the next iteration runs (its shuffled order).
+    /// Chooses the epoch the next iteration runs (its shuffled order); a
+    /// loaded state's position is dropped when it names another epoch.
     fn set_epoch(&mut self, epoch: Count) {
+        if epoch.0 != self.epoch {
+            // Another epoch next: a loaded position was of the old one.
+            self.resume_at = 0;
+        }
         self.epoch = epoch.0;
     }
 
@@ -1119,7 +1129,9 @@ impl Loader {
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         let c = &self.config;
-        let position = if self.resume_at > 0 || !self.running {
+        // The running iteration's position, unless the next iteration is
+        // already set to start elsewhere (a loaded state, another epoch).
+        let position = if self.resume_at > 0 || !self.running || self.epoch != self.running_epoch {
             self.resume_at
         } else {
             (self.skip + self.handed_out).min(self.batches_per_epoch)

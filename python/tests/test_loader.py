@@ -520,6 +520,33 @@ def test_a_forked_child_gets_an_error_from_the_parents_loader_not_a_hang(device)
     assert next(it).tolist() == list(range(10, 20))  # the parent's goes on
 
 
+def test_a_state_taken_after_set_epoch_resumes_that_epoch_from_its_start(device):
+    x = np.arange(1000, dtype=np.float32).reshape(1000, 1)
+    ld = gpufeed.Loader(x, 100, shuffle=True, device=device, framework="numpy")
+    ld.set_epoch(0)
+    for _ in ld:
+        pass
+    ld.set_epoch(1)  # the next epoch prepared, then a checkpoint
+    assert (ld.state_dict()["epoch"], ld.state_dict()["batches"]) == (1, 0)
+    again = gpufeed.Loader(x, 100, shuffle=True, device=device, framework="numpy")
+    again.load_state_dict(ld.state_dict())
+    got = np.concatenate([b.ravel() for b in again])
+    assert np.array_equal(got, x.ravel()[np.array(ld.indices(1))])  # all of epoch 1
+    # Mid-epoch, the same: the position is of the running epoch only.
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    assert (ld.state_dict()["epoch"], ld.state_dict()["batches"]) == (1, 3)
+    ld.set_epoch(2)
+    assert (ld.state_dict()["epoch"], ld.state_dict()["batches"]) == (2, 0)
+    # A loaded position survives set_epoch of its own epoch, not of another.
+    again.load_state_dict({**ld.state_dict(), "epoch": 5, "batches": 4})
+    again.set_epoch(5)
+    assert again.state_dict()["batches"] == 4
+    again.set_epoch(6)
+    assert again.state_dict()["batches"] == 0
+
+
 def test_negative_or_too_large_counts_are_value_errors(device):
     x = np.zeros((8, 2), np.float32)
     for kwargs in [dict(rank=-1, world_size=2), dict(world_size=-2, rank=0), dict(seed=-5),
@@ -597,3 +624,14 @@ def test_a_batch_size_above_the_rows_is_one_batch_of_every_row(device, batch_siz
     assert len(batches) == 1 and np.array_equal(batches[0], a)
     dropped = gpufeed.Loader(a, batch_size, drop_last=True, device=device, framework="numpy")
     assert len(dropped) == 0 and list(dropped) == []
+
+
+def test_a_strided_source_is_a_value_error_and_a_tensor_a_type_error(device):
+    x = np.zeros((10, 4), np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gpufeed.Loader(x[:, ::2], 2, device=device, framework="numpy")
+    with pytest.raises(ValueError, match="C-contiguous"):
+        gpufeed.Loader(np.asfortranarray(x), 2, device=device, framework="numpy")
+    torch = torch_or_skip()
+    with pytest.raises(TypeError, match="numpy"):
+        gpufeed.Loader(torch.zeros(10, 3), 2, device=device, framework="numpy")
