@@ -147,10 +147,14 @@ fn drain_to_file(
 }
 
 /// Where a file is written before its rename to `path`: `path` +
-/// ".partial" (the name kept byte for byte, UTF-8 or not).
+/// ".partial-<pid>-<n>", a name of this save alone (two saves to one path
+/// at once each write their own, and the last rename wins whole), created
+/// exclusively by the caller; the name kept byte for byte, UTF-8 or not.
 fn partial(path: &Path) -> PathBuf {
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = path.as_os_str().to_owned();
-    name.push(".partial");
+    name.push(format!(".partial-{}-{n}", std::process::id()));
     PathBuf::from(name)
 }
 
@@ -319,8 +323,8 @@ pub fn load(
 }
 
 /// `save(path, array, progress=None)`: a `DeviceArray` as a `.npy` file
-/// that NumPy reads back bit for bit. Written to `path + ".partial"` and
-/// renamed when complete: a failed save (a full disk, an exception from
+/// that NumPy reads back bit for bit. Written to a name of its own beside
+/// it (`path + ".partial-<pid>-<n>"`) and renamed when complete: a failed save (a full disk, an exception from
 /// `progress`) leaves no file at `path`.
 #[pyfunction]
 #[pyo3(signature = (path, array, progress=None))]
@@ -344,7 +348,7 @@ pub fn save(
     header.set_item("descr", a.dtype.typestr())?;
     header.set_item("fortran_order", false)?;
     header.set_item("shape", PyTuple::new(py, &a.shape)?)?;
-    let f = io.call_method1("open", (tmp.as_os_str(), "wb"))?;
+    let f = io.call_method1("open", (tmp.as_os_str(), "xb"))?;
     let wrote = format.call_method1("write_array_header_1_0", (&f, &header));
     let offset: PyResult<u64> = wrote.and_then(|_| f.call_method0("tell")?.extract());
     // A failed close (the header not flushed) fails the save like the rest.
@@ -674,7 +678,7 @@ fn safetensors_name(dtype: DType) -> &'static str {
 /// the device first) as a safetensors file, which `safetensors` and
 /// `load_safetensors` read back bit for bit. `metadata`: a dict of str →
 /// str, stored as `__metadata__`. Each tensor written from the device
-/// through the staging ring; to `path + ".partial"`, renamed when
+/// through the staging ring; to `path + ".partial-<pid>-<n>"`, renamed when
 /// complete: a failed save leaves no file at `path`. `progress(done_bytes,
 /// total_bytes)` after each tensor (and every 64 MiB of a large one).
 ///
@@ -743,7 +747,11 @@ pub fn save_safetensors(
     let data_start = 8 + head.len() as u64;
     let mut progress = Progress::new(progress, pos)?;
     let tmp = partial(&path);
-    let file = File::create(&tmp).map_err(|e| open_error(&tmp, e))?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| open_error(&tmp, e))?;
     let written = (|| -> PyResult<()> {
         use std::os::unix::fs::FileExt;
         let mut first = (head.len() as u64).to_le_bytes().to_vec();

@@ -39,7 +39,7 @@ def test_npy_load_and_save_are_bit_exact(device, tmp_path, dtype, shape):
     b = np.load(out)
     assert b.dtype == a.dtype and b.shape == a.shape
     assert np.array_equal(b.view(np.uint8), a.view(np.uint8))
-    assert not os.path.exists(str(out) + ".partial")
+    assert leftovers(out) == []
 
 
 def test_a_version_2_header_and_a_memory_map_agree(device, tmp_path):
@@ -337,20 +337,58 @@ def test_a_corrupt_safetensors_entry_is_refused_alike_by_load_and_loader(device,
     assert len(list(gpufeed.Loader(str(st), 16, device=device))) == 1
 
 
+def leftovers(path):
+    """The temporary files a save of `path` left beside it (`path.partial-*`)."""
+    d, name = os.path.split(str(path))
+    return [f for f in os.listdir(d or ".") if f.startswith(name + ".partial")] if os.path.isdir(d or ".") else []
+
+
 def test_a_failed_save_leaves_no_file_behind(device, tmp_path):
     d = gpufeed.to_device(np.arange(1000, dtype=np.float32), device)
     target = tmp_path / "no" / "such" / "dir" / "a.npy"
     with pytest.raises(OSError):
         gpufeed.save(target, d)
-    assert not target.exists() and not os.path.exists(str(target) + ".partial")
+    assert not target.exists() and leftovers(target) == []
     # The header's own file object failing at close (its buffered header
-    # flushed into a full device): OSError, and neither file left.
-    if os.path.exists("/dev/full") and os.access("/dev/full", os.W_OK):
-        target = tmp_path / "b.npy"
-        os.symlink("/dev/full", str(target) + ".partial")
+    # flushed past a 64-byte file size limit; Python ignores SIGXFSZ):
+    # OSError, and neither file left.
+    import resource
+    target = tmp_path / "b.npy"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+    try:
         with pytest.raises(OSError):
             gpufeed.save(target, d)
-        assert not target.exists() and not os.path.lexists(str(target) + ".partial")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not target.exists() and leftovers(target) == []
+
+
+def test_two_saves_to_one_path_at_once_leave_one_whole_file(device, tmp_path):
+    import threading
+    a = gpufeed.to_device(np.full(24 << 20, 1, np.uint8), device)
+    b = gpufeed.to_device(np.full(8 << 20, 2, np.uint8), device)
+    target = tmp_path / "c.npy"
+    for _ in range(3):
+        errors = []
+
+        def save(d):
+            try:
+                gpufeed.save(target, d)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=save, args=(d,)) for d in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        got = np.load(target)
+        # Whichever rename came last, the file is that array, whole.
+        assert np.array_equal(got, np.full(got.shape, got.flat[0], np.uint8))
+        assert got.size == (24 << 20 if got.flat[0] == 1 else 8 << 20)
+        assert leftovers(target) == []
 
 
 @pytest.mark.parametrize("dims", ["(-3, 4)", "(99999999999999999999, 4)"])
@@ -445,7 +483,7 @@ def test_safetensors_written_here_read_back_bit_exactly(device, tmp_path):
     calls = []
     gpufeed.save_safetensors(path, given, metadata={"format": "np", "step": "7"},
                              progress=lambda done, total: calls.append((done, total)))
-    assert not os.path.exists(str(path) + ".partial")
+    assert leftovers(path) == []
     total = sum(t.nbytes for t in tensors.values())
     assert calls and calls[-1] == (total, total) and len(calls) == len(tensors)
     got = gpufeed.load_safetensors(path, device)
@@ -505,7 +543,7 @@ def test_progress_is_reported_and_its_exception_stops_the_transfer(device, tmp_p
     out = tmp_path / "out.npy"
     with pytest.raises(Stop):
         gpufeed.save(out, d, progress=stop_at_second)
-    assert not out.exists() and not os.path.exists(str(out) + ".partial")
+    assert not out.exists() and leftovers(out) == []
     with pytest.raises(Stop):
         gpufeed.save_safetensors(tmp_path / "o.safetensors", {"a": d}, progress=stop_at_second)
     assert not (tmp_path / "o.safetensors").exists()
@@ -547,7 +585,7 @@ def test_a_save_that_runs_out_of_space_raises_and_leaves_no_file(tmp_path):
                 print("OSError", e.errno)
             else:
                 sys.exit("the save succeeded past the size limit")
-            assert not os.path.exists(path) and not os.path.exists(path + ".partial"), os.listdir({str(tmp_path)!r})
+            assert os.listdir({str(tmp_path)!r}) == [], os.listdir({str(tmp_path)!r})
         # The device array is intact.
         assert np.array_equal(gpufeed.to_host(d), a)
         print("ok")
