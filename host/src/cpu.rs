@@ -726,8 +726,9 @@ mod tests {
             // SAFETY: `bytes` bytes at `p`, ours until freed below.
             let mem = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, bytes) };
             assert!(mem.iter().all(|&x| x == 0), "{bytes} bytes not zeroed");
-            mem.fill(0xA5); // the whole range is writable
-                            // SAFETY: allocated above, unused now.
+            // The whole range is writable.
+            mem.fill(0xA5);
+            // SAFETY: allocated above, unused now.
             unsafe { b.free_device(p) }.unwrap();
         }
         // SAFETY: not an allocation: refused, nothing freed.

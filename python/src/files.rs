@@ -324,8 +324,9 @@ pub fn load(
 
 /// `save(path, array, progress=None)`: a `DeviceArray` as a `.npy` file
 /// that NumPy reads back bit for bit. Written to a name of its own beside
-/// it (`path + ".partial-<pid>-<n>"`) and renamed when complete: a failed save (a full disk, an exception from
-/// `progress`) leaves no file at `path`.
+/// it (`path + ".partial-<pid>-<n>"`) and renamed when complete: a failed
+/// save (a full disk, an exception from `progress`) leaves no file at
+/// `path`.
 #[pyfunction]
 #[pyo3(signature = (path, array, progress=None))]
 pub fn save(

@@ -155,43 +155,43 @@ pub(crate) fn os_error(io: &std::io::Error, text: String) -> PyErr {
     }
 }
 
-/// A `host::Error` as the Python exception of its variant, with its text
-/// and `kind` (the variant's name).
+/// A `host::Error` as the Python exception of its variant, with its text;
+/// `kind` (the variant's name) is its class's (set when the module loads),
+/// or on the exception itself for an I/O error (an `OSError` subclass).
 pub fn to_py(e: host::Error) -> PyErr {
     use host::Error as E;
     let text = e.to_string();
-    let (err, kind) = match &e {
-        E::Driver { .. } => (DriverError::new_err(text), "Driver"),
-        E::ContextBroken(_) => (ContextBrokenError::new_err(text), "ContextBroken"),
-        E::KernelFault { .. } => (KernelFaultError::new_err(text), "KernelFault"),
-        E::BackendUnavailable(_) => (BackendUnavailableError::new_err(text), "BackendUnavailable"),
-        E::NoSuchDevice { .. } => (NoSuchDeviceError::new_err(text), "NoSuchDevice"),
-        E::LengthMismatch { .. } => (LengthMismatchError::new_err(text), "LengthMismatch"),
-        E::OutOfBounds { .. } => (OutOfBoundsError::new_err(text), "OutOfBounds"),
-        E::SizeOverflow { .. } => (SizeOverflowError::new_err(text), "SizeOverflow"),
-        E::LockFailed { .. } => (LockFailedError::new_err(text), "LockFailed"),
-        E::InvalidArgument(_) => (InvalidArgumentError::new_err(text), "InvalidArgument"),
-        E::Overlap { .. } => (OverlapError::new_err(text), "Overlap"),
-        E::NotTimed => (NotTimedError::new_err(text), "NotTimed"),
-        E::NotReady => (NotReadyError::new_err(text), "NotReady"),
-        E::Internal(_) => (InternalError::new_err(text), "Internal"),
+    match &e {
+        E::Driver { .. } => DriverError::new_err(text),
+        E::ContextBroken(_) => ContextBrokenError::new_err(text),
+        E::KernelFault { .. } => KernelFaultError::new_err(text),
+        E::BackendUnavailable(_) => BackendUnavailableError::new_err(text),
+        E::NoSuchDevice { .. } => NoSuchDeviceError::new_err(text),
+        E::LengthMismatch { .. } => LengthMismatchError::new_err(text),
+        E::OutOfBounds { .. } => OutOfBoundsError::new_err(text),
+        E::SizeOverflow { .. } => SizeOverflowError::new_err(text),
+        E::LockFailed { .. } => LockFailedError::new_err(text),
+        E::InvalidArgument(_) => InvalidArgumentError::new_err(text),
+        E::Overlap { .. } => OverlapError::new_err(text),
+        E::NotTimed => NotTimedError::new_err(text),
+        E::NotReady => NotReadyError::new_err(text),
+        E::Internal(_) => InternalError::new_err(text),
         // The OSError subclass of its errno (FileNotFoundError, ...), with
         // `errno` set; of its kind where there is no errno.
-        E::Io(io) => (os_error(io, text), "Io"),
-        E::OutOfMemory { .. } => (
-            Python::attach(|py| match out_of_memory_error(py) {
-                Ok(t) => PyErr::from_type(t.clone(), text),
-                Err(e) => e,
-            }),
-            "OutOfMemory",
-        ),
-        _ => (GpuFeedError::new_err(text), "Other"),
-    };
-    Python::attach(|py| {
-        // Best effort: the exception is right without the attribute.
-        let _ = err.value(py).setattr("kind", kind);
-    });
-    err
+        E::Io(io) => {
+            let err = os_error(io, text);
+            Python::attach(|py| {
+                // Best effort: the exception is right without the attribute.
+                let _ = err.value(py).setattr("kind", "Io");
+            });
+            err
+        }
+        E::OutOfMemory { .. } => Python::attach(|py| match out_of_memory_error(py) {
+            Ok(t) => PyErr::from_type(t.clone(), text),
+            Err(e) => e,
+        }),
+        _ => GpuFeedError::new_err(text),
+    }
 }
 
 /// `Result<T, host::Error>` into `PyResult<T>`.

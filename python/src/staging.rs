@@ -142,7 +142,8 @@ fn refusal(arr: &Bound<'_, PyAny>, writable: bool, err: PyErr) -> PyErr {
             .and_then(|v| v.extract())
             .ok()
     };
-    if flag("c_contiguous") == Some(false) {
+    let c_contiguous = flag("c_contiguous");
+    if c_contiguous == Some(false) {
         return crate::buffer_error(format!(
             "to_device/to_host take C-contiguous arrays only (no hidden copy): {err}"
         ));
@@ -150,7 +151,7 @@ fn refusal(arr: &Bound<'_, PyAny>, writable: bool, err: PyErr) -> PyErr {
     if writable && flag("writeable") == Some(false) {
         return crate::buffer_error(format!("to_host: `out` is read-only: {err}"));
     }
-    if flag("c_contiguous") == Some(true) {
+    if c_contiguous == Some(true) {
         return PyTypeError::new_err(format!(
             "to_device/to_host: the array's elements have no device dtype (plain numbers \
              only): {err}"
