@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The import structure of the Rust crates: a tower, with no circles.
 
-For each crate (host's library and binary, the Python module) it finds the
+For each crate (the library, the demonstration, the Python module) it finds the
 crate's files from the root's `mod` declarations, lists each file's
 references to the crate's own modules (`use crate::...`, `super::...`, paths
 such as `crate::a::b` in code, and a `mod.rs`'s paths to its children), and
@@ -10,7 +10,7 @@ file that defines it; the crate root (lib.rs, main.rs) is the one file whose
 `mod` declarations and re-exports are not edges.
 
 It fails (exit 1) on a circle, naming the files in it, and when the backend
-interface (host/src/backend.rs) refers to a module of the safe layer above it.
+interface (src/backend.rs) refers to a module of the safe layer above it.
 
     python3 .ci/imports.py        # one line a file: its level and what it imports
     python3 .ci/imports.py -q     # only the verdict
@@ -23,7 +23,7 @@ import sys
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 CRATES = [
-    ("host (library)", "host/src/lib.rs"),
+    ("gpufeed (library)", "src/lib.rs"),
     ("host (binary)", "host/src/main.rs"),
     ("python module", "python/src/lib.rs"),
     ("kernel-builder", "kernel-builder/src/lib.rs"),
@@ -32,7 +32,7 @@ CRATES = [
 # The backend interface and the safe API built on it: backend.rs may refer to
 # none of these (they all hold backends, so a reference would close a circle
 # or put the interface above what it carries).
-BACKEND = ("host/src/lib.rs", "backend")
+BACKEND = ("src/lib.rs", "backend")
 SAFE_LAYER = {"device", "memory", "stream", "kernel", "transfer", "pipeline", "multi", "pool"}
 
 TOKEN = re.compile(

@@ -19,43 +19,43 @@ demo="cargo run -q -p host -- --backend cpu --out-dir $out"
 checks() {
   case $1 in
   skip-one-d2h)
-    echo "cargo test -q -p host --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
+    echo "cargo test -q -p gpufeed --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
     echo "$demo compare --sizes 100000 --reps 1"
     echo "$demo compare-sync-async --size 1000000"
     echo "$demo sweep --sizes 1000000"
     echo "$demo fewer-bytes --sizes 100000 --reps 1"
     ;;
   skip-chained-kernel)
-    echo "cargo test -q -p host --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
+    echo "cargo test -q -p gpufeed --test pipeline_stages -- --exact saxpy_through_the_pipeline_matches_the_cpu_bit_for_bit::cpu"
     echo "$demo compare --sizes 100000 --reps 1"
     ;;
   no-end-of-run-waits)
-    echo "cargo test -q -p host --test pipeline_stages -- --exact a_run_ends_only_when_every_stream_has_finished_its_chunks::cpu"
+    echo "cargo test -q -p gpufeed --test pipeline_stages -- --exact a_run_ends_only_when_every_stream_has_finished_its_chunks::cpu"
     ;;
   scale-off-by-1e-4)
     echo "$demo kernels --n 100000"
     echo "$demo compare --sizes 100000 --reps 1"
-    echo "cargo test -q -p host --test pipeline_stages -- --exact arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back::cpu"
+    echo "cargo test -q -p gpufeed --test pipeline_stages -- --exact arrays_of_different_element_types_travel_together_and_type_errors_hand_them_back::cpu"
     ;;
   staging-skip-one-block)
-    echo "cargo test -q -p host --test staging -- --exact every_byte_lands_both_ways_by_every_route_at_any_offset::cpu"
+    echo "cargo test -q -p gpufeed --test staging -- --exact every_byte_lands_both_ways_by_every_route_at_any_offset::cpu"
     ;;
   sliced-skip-last-window)
-    echo "cargo test -q -p host --test staging -- --exact a_pipeline_over_ordinary_slices_computes_every_element::cpu"
+    echo "cargo test -q -p gpufeed --test staging -- --exact a_pipeline_over_ordinary_slices_computes_every_element::cpu"
     ;;
   loader-gather-wrong-row)
-    echo "cargo test -q -p host --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
-    echo "cargo test -q -p host --test loader -- --exact a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe::cpu"
+    echo "cargo test -q -p gpufeed --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
+    echo "cargo test -q -p gpufeed --test loader -- --exact a_resumed_epoch_yields_the_rest_and_a_dropped_one_is_safe::cpu"
     echo "$demo loader --small"
     ;;
   loader-device-gather-wrong-row)
-    echo "cargo test -q -p host --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
-    echo "cargo test -q -p host --test loader -- --exact a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place::cpu"
+    echo "cargo test -q -p gpufeed --test loader -- --exact every_batch_holds_the_rows_of_its_indices::cpu"
+    echo "cargo test -q -p gpufeed --test loader -- --exact a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place::cpu"
     echo "$demo loader --small"
     ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
-    echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"
+    echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p gpufeed --doc guarantees"
     ;;
   *)
     return 1

@@ -1,30 +1,13 @@
-//! Builds `gpu-kernels` for `nvptx64-nvidia-cuda` with kernel-builder and
-//! embeds the PTX (`OUT_DIR/gpu_kernels.ptx`, read by `src/ptx.rs`). With the
-//! `demo` feature, also the example kernel crate `bf16-kernels`
+//! Builds the example kernel crate `bf16-kernels` for `nvptx64-nvidia-cuda`
 //! (`OUT_DIR/bf16_kernels.ptx`), which the demonstration's "fewer bytes"
-//! part launches as a user would.
-//! Knobs, rebuild triggers and the shared nested target directory: see the
-//! kernel-builder docs (`KERNEL_ARCH`, `KERNEL_PTX_ISA`, `HOST_PTX_STUB`).
+//! part launches as a user would, and passes on the commit its sources came
+//! from.
 
 fn main() {
-    let built = kernel_builder::Builder::new("../gpu-kernels")
+    let built = kernel_builder::Builder::new("../examples/bf16-kernels")
         .arch("sm_70")
-        .export_arch("KERNEL_ARCH")
+        .expect_entries(["widen_bf16", "narrow_f32", "scale_bf16_f32", "scale_bf16"])
         .build_or_exit();
-    if std::env::var_os("CARGO_FEATURE_DEMO").is_some() {
-        kernel_builder::Builder::new("../examples/bf16-kernels")
-            .arch("sm_70")
-            .expect_entries(["widen_bf16", "narrow_f32", "scale_bf16_f32", "scale_bf16"])
-            .build_or_exit();
-    }
-    // The commit of the sources this build read, for results files.
     println!("cargo:rustc-env=HOST_GIT_COMMIT={}", built.git_commit());
-    // Tests that parse the embedded PTX are ignored, not passed, when it is
-    // a stub.
-    println!("cargo:rustc-check-cfg=cfg(host_ptx_stub)");
-    if built.stub {
-        println!("cargo:rustc-cfg=host_ptx_stub");
-    }
-    // Tests' CUDA halves run by default where the build machine has a GPU.
     kernel_builder::emit_gpu_cfg("host_gpu");
 }

@@ -142,7 +142,7 @@ enum Cmd {
         reps: usize,
     },
     /// What the waiting thread costs a pipeline: one run awaited by an
-    /// executor that parks at once and by `host::block_on` (spins, then parks)
+    /// executor that parks at once and by `gpufeed::block_on` (spins, then parks)
     Waits {
         /// Floats (default: 10^7 on a GPU, 10^6 on the CPU emulation).
         #[arg(long)]
@@ -242,25 +242,25 @@ fn main() {
     }
 }
 
-fn run(cli: Cli) -> host::Result<()> {
+fn run(cli: Cli) -> gpufeed::Result<()> {
     if let Some(Cmd::Ptx { out }) = &cli.cmd {
         return demo::ptx::run(out.as_deref());
     }
-    let mut opts = host::DeviceOptions::from_env()?;
+    let mut opts = gpufeed::DeviceOptions::from_env()?;
     if let Some(b) = &cli.backend {
         opts.backend = b.parse()?;
     }
     opts.wait_mode = match cli.wait.as_str() {
-        "spin" => host::WaitMode::Spin,
-        "blocking" => host::WaitMode::Blocking,
-        "poll" => host::WaitMode::Poll,
+        "spin" => gpufeed::WaitMode::Spin,
+        "blocking" => gpufeed::WaitMode::Blocking,
+        "poll" => gpufeed::WaitMode::Poll,
         other => {
-            return Err(host::Error::InvalidArgument(format!(
+            return Err(gpufeed::Error::InvalidArgument(format!(
                 "--wait {other}: use spin, blocking or poll"
             )))
         }
     };
-    let device = host::Device::open(opts)?;
+    let device = gpufeed::Device::open(opts)?;
     println!("{}", device.banner());
     std::fs::create_dir_all(&cli.out_dir)?;
     // Absolute, so every "wrote" line says exactly where the file is.
@@ -268,7 +268,7 @@ fn run(cli: Cli) -> host::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let pool = host::PinnedPool::new(&device);
+    let pool = gpufeed::PinnedPool::new(&device);
     match cli.cmd.unwrap_or(Cmd::Demo { small: false }) {
         Cmd::Demo { small } => demo::full(&rt, &device, &opts, small, &out),
         Cmd::Ptx { .. } => Ok(()),
@@ -326,7 +326,7 @@ fn run(cli: Cli) -> host::Result<()> {
         ),
         Cmd::ChunkCost { bytes, reps } => demo::chunk_cost::run(&device, bytes, reps, &out),
         Cmd::Waits { n, runs } => {
-            let n = n.unwrap_or(if device.kind() == host::BackendKind::Cpu {
+            let n = n.unwrap_or(if device.kind() == gpufeed::BackendKind::Cpu {
                 1_000_000
             } else {
                 10_000_000
@@ -339,33 +339,33 @@ fn run(cli: Cli) -> host::Result<()> {
             rounds,
         } => demo::wait_path::run(&device, &sizes, copies, rounds, &out),
         Cmd::Topology => demo::topology(&opts, &out),
-        Cmd::MultiGpu => host::block_on(demo::multi_gpu(&opts, false, &out)),
+        Cmd::MultiGpu => gpufeed::block_on(demo::multi_gpu(&opts, false, &out)),
         Cmd::Compare { sizes, k, reps } => {
-            let kernel = k.map_or(host::Kernel::Scale { s: 1.5 }, |k| {
-                host::Kernel::Intensity { k }
+            let kernel = k.map_or(gpufeed::Kernel::Scale { s: 1.5 }, |k| {
+                gpufeed::Kernel::Intensity { k }
             });
             let cases: Vec<_> = sizes.iter().map(|&n| (n, kernel)).collect();
-            let pipe = host::Pipeline::new(&device, 8)?;
-            host::block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out)).map(|_| ())
+            let pipe = gpufeed::Pipeline::new(&device, 8)?;
+            gpufeed::block_on(demo::compare(&device, &pool, &pipe, &cases, reps, &out)).map(|_| ())
         }
         Cmd::CompareSyncAsync { size } => {
             let c = demo::compare::compare_sync_async(size)?;
             if c.verified {
                 Ok(())
             } else {
-                Err(host::Error::InvalidArgument(
+                Err(gpufeed::Error::InvalidArgument(
                     "compare-sync-async: a result differs from the CPU reference".into(),
                 ))
             }
         }
         Cmd::Sweep { sizes } => {
-            let pipe = host::Pipeline::new(&device, 4)?;
-            host::block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
+            let pipe = gpufeed::Pipeline::new(&device, 4)?;
+            gpufeed::block_on(demo::sweep(&device, &pool, &pipe, &sizes, &out))
         }
         Cmd::FewerBytes { sizes, reps } => {
-            let pipe = host::Pipeline::new(&device, 8)?;
-            let small = device.kind() == host::BackendKind::Cpu;
-            host::block_on(demo::bytes::run(
+            let pipe = gpufeed::Pipeline::new(&device, 8)?;
+            let small = device.kind() == gpufeed::BackendKind::Cpu;
+            gpufeed::block_on(demo::bytes::run(
                 &device, &pool, &pipe, &sizes, reps, small, &out,
             ))
             .map(|_| ())
@@ -393,16 +393,16 @@ fn run(cli: Cli) -> host::Result<()> {
             engines,
             ramp,
         } => {
-            let pipe = host::Pipeline::new(&device, streams.max(3))?;
-            let plan = chunks.map_or(host::Plan::auto(n), |chunks| {
+            let pipe = gpufeed::Pipeline::new(&device, streams.max(3))?;
+            let plan = chunks.map_or(gpufeed::Plan::auto(n), |chunks| {
                 if engines {
-                    host::Plan::engines(chunks, streams)
+                    gpufeed::Plan::engines(chunks, streams)
                 } else {
-                    host::Plan::uniform(chunks, streams)
+                    gpufeed::Plan::uniform(chunks, streams)
                 }
             });
             let plan = if ramp { plan.ramped() } else { plan };
-            host::block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
+            gpufeed::block_on(demo::timeline(&device, &pool, &pipe, n, plan, &out))
         }
     }
 }

@@ -9,8 +9,8 @@ use crate::device::{
 use crate::dtype::DType;
 use crate::{buffer_error, IntoPy};
 use bytemuck::Pod;
-use host::interop::{cast_host, cast_host_mut, RegisteredRaw};
-use host::{HostSlice, HostSliceMut, PinnedArray, PinnedHost, PinnedPool, PooledBuffer};
+use gpufeed::interop::{cast_host, cast_host_mut, RegisteredRaw};
+use gpufeed::{HostSlice, HostSliceMut, PinnedArray, PinnedHost, PinnedPool, PooledBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -71,7 +71,7 @@ pub struct Typed<T> {
 impl<T: Pod> Typed<T> {
     /// `mem` as `T`, or an error (with `mem` back) when it isn't whole aligned `T`s.
     #[allow(clippy::result_large_err)]
-    pub fn new(mem: HostMem) -> Result<Self, (host::Error, HostMem)> {
+    pub fn new(mem: HostMem) -> Result<Self, (gpufeed::Error, HostMem)> {
         if let Err(e) = cast_host::<T>(mem.host()) {
             return Err((e, mem));
         }
@@ -121,7 +121,7 @@ impl<T: Pod> PinnedArray for Typed<T> {
 #[pyclass(module = "gpufeed", frozen)]
 pub struct PinnedAllocator {
     pool: PinnedPool,
-    device: host::Device,
+    device: gpufeed::Device,
     cap: AtomicUsize,
 }
 
@@ -257,7 +257,7 @@ pub struct PinnedBuffer {
     pub(crate) dtype: DType,
     shape: Box<[isize]>,
     pub(crate) nbytes: usize,
-    pub(crate) device: host::Device,
+    pub(crate) device: gpufeed::Device,
     /// Pinned in place: the object whose memory this is, and the range
     /// pinned (address, bytes).
     origin: Option<(Py<PyAny>, usize, usize)>,
@@ -285,7 +285,7 @@ impl PinnedBuffer {
         mem: HostMem,
         dtype: DType,
         shape: &[usize],
-        device: &host::Device,
+        device: &gpufeed::Device,
         origin: Option<(Py<PyAny>, usize, usize)>,
     ) -> Self {
         let nbytes = shape.iter().product::<usize>() * dtype.size();
@@ -971,7 +971,7 @@ fn check_pinnable(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
 pub(crate) fn pin_on(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
-    device: &host::Device,
+    device: &gpufeed::Device,
 ) -> PyResult<PinnedBuffer> {
     let taken = Taken::get(py)?;
     let memoryview = taken.memoryview.bind(py);

@@ -4,7 +4,7 @@
 use crate::dtype::DType;
 use crate::foreign::{check_c_contiguous, Imported};
 use crate::{buffer_error, IntoPy};
-use host::{BackendChoice, BackendKind, DeviceBuffer, DeviceOptions, DeviceSliceMut};
+use gpufeed::{BackendChoice, BackendKind, DeviceBuffer, DeviceOptions, DeviceSliceMut};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Devices opened so far, one per (backend, ordinal): buffers of two
-/// `host::Device` handles can't be mixed, so every `Device(...)` of the same
+/// `gpufeed::Device` handles can't be mixed, so every `Device(...)` of the same
 /// backend and ordinal is the same device.
-static DEVICES: Mutex<Option<HashMap<(u8, usize), host::Device>>> = Mutex::new(None);
+static DEVICES: Mutex<Option<HashMap<(u8, usize), gpufeed::Device>>> = Mutex::new(None);
 
-fn open(choice: BackendChoice, ordinal: usize) -> host::Result<host::Device> {
+fn open(choice: BackendChoice, ordinal: usize) -> gpufeed::Result<gpufeed::Device> {
     let key = (choice as u8, ordinal);
     let mut map = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
     let map = map.get_or_insert_with(HashMap::new);
@@ -27,7 +27,7 @@ fn open(choice: BackendChoice, ordinal: usize) -> host::Result<host::Device> {
     // The CPU emulation offers HOST_CPU_DEVICES devices, as in Rust (a
     // rank's LOCAL_RANK device on a machine without GPUs).
     let emulated_devices = DeviceOptions::from_env().map_or(1, |o| o.emulated_devices);
-    let d = host::Device::open(DeviceOptions {
+    let d = gpufeed::Device::open(DeviceOptions {
         backend: choice,
         ordinal,
         emulated_devices,
@@ -42,7 +42,7 @@ fn open(choice: BackendChoice, ordinal: usize) -> host::Result<host::Device> {
 #[pyclass(module = "gpufeed", frozen)]
 #[derive(Clone)]
 pub struct Device {
-    pub(crate) inner: host::Device,
+    pub(crate) inner: gpufeed::Device,
 }
 
 #[pymethods]
@@ -133,7 +133,7 @@ pub fn default_device(py: Python<'_>) -> PyResult<Device> {
 }
 
 /// `device` or the default device.
-pub fn device_or_default(py: Python<'_>, device: Option<&Device>) -> PyResult<host::Device> {
+pub fn device_or_default(py: Python<'_>, device: Option<&Device>) -> PyResult<gpufeed::Device> {
     match device {
         Some(d) => Ok(d.inner.clone()),
         None => Ok(default_device(py)?.inner),
@@ -236,7 +236,7 @@ pub enum DevMem {
     Foreign {
         addr: u64,
         bytes: usize,
-        device: host::Device,
+        device: gpufeed::Device,
         #[allow(dead_code)]
         owner: Py<PyAny>,
     },
@@ -261,7 +261,7 @@ impl DevMem {
                 // caller's (documented) responsibility, as with any foreign
                 // device pointer; the driver knew the range as this device's
                 // memory when it was imported (`check_foreign_device_range`).
-                unsafe { host::interop::device_slice_mut(device, *addr, *bytes) }
+                unsafe { gpufeed::interop::device_slice_mut(device, *addr, *bytes) }
             }
         }
     }
@@ -269,7 +269,7 @@ impl DevMem {
     /// The device address.
     pub fn addr(&self) -> u64 {
         match self {
-            DevMem::Own(b) => host::interop::device_ptr(b),
+            DevMem::Own(b) => gpufeed::interop::device_ptr(b),
             DevMem::Foreign { addr, .. } => *addr,
         }
     }
@@ -384,7 +384,7 @@ pub struct DeviceArray {
     pub(crate) dtype: DType,
     pub(crate) shape: Vec<usize>,
     pub(crate) nbytes: usize,
-    pub(crate) device: host::Device,
+    pub(crate) device: gpufeed::Device,
     /// Live DLPack exports.
     pub(crate) exports: Arc<AtomicUsize>,
     /// Handed out through `__cuda_array_interface__` (uncounted).
@@ -404,7 +404,7 @@ impl Drop for DeviceArray {
         }
         let state = std::mem::replace(&mut *self.state.lock(), State::Freed("dropped".into()));
         if let State::Ready(mem) = state {
-            host::interop::release_after_device_idle(&self.device).defer(move || drop(mem));
+            gpufeed::interop::release_after_device_idle(&self.device).defer(move || drop(mem));
         }
     }
 }
@@ -414,7 +414,7 @@ impl DeviceArray {
     /// emulation zeroes it, some 0.2 s for 256 MiB).
     pub(crate) fn alloc(
         py: Python<'_>,
-        device: &host::Device,
+        device: &gpufeed::Device,
         shape: Vec<usize>,
         dtype: DType,
     ) -> PyResult<Self> {
@@ -800,7 +800,7 @@ pub fn as_device_array(
     let nbytes = nbytes(&imported.shape, imported.dtype)?;
     // The address is the producer's word: the driver must know it as memory
     // of this device, long enough, before any command gets it.
-    host::interop::check_foreign_device_range(&device, imported.addr, nbytes).py()?;
+    gpufeed::interop::check_foreign_device_range(&device, imported.addr, nbytes).py()?;
     Ok(DeviceArray {
         state: StateCell::ready(DevMem::Foreign {
             addr: imported.addr,
@@ -834,7 +834,11 @@ fn refuse_masked_cai(cai: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> PyResult<Imported> {
+fn import_cai(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    device: &gpufeed::Device,
+) -> PyResult<Imported> {
     let cai = obj.getattr("__cuda_array_interface__")?;
     refuse_masked_cai(&cai)?;
     let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
@@ -857,7 +861,7 @@ fn import_cai(py: Python<'_>, obj: &Bound<'_, PyAny>, device: &host::Device) -> 
             let handle: u64 = stream.extract()?;
             // SAFETY: the producer gave this stream handle for consumers to
             // synchronize on (CAI v3), in the primary context it shares with us.
-            py.detach(|| unsafe { host::interop::synchronize_foreign_stream(device, handle) })
+            py.detach(|| unsafe { gpufeed::interop::synchronize_foreign_stream(device, handle) })
                 .py()?;
         }
     }

@@ -96,18 +96,18 @@ pub enum Consumer {
 /// may not be past them yet: every later use or free of the array waits
 /// for them (GIL released).
 #[derive(Default)]
-pub struct Releases(std::sync::Mutex<Vec<host::interop::ReleasePoint>>);
+pub struct Releases(std::sync::Mutex<Vec<gpufeed::interop::ReleasePoint>>);
 
 impl Releases {
     /// Notes a release.
-    pub fn push(&self, point: host::interop::ReleasePoint) {
+    pub fn push(&self, point: gpufeed::interop::ReleasePoint) {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
         v.retain(|p| !p.is_done());
         v.push(point);
     }
 
     /// The releases not passed yet.
-    pub fn pending(&self) -> Vec<host::interop::ReleasePoint> {
+    pub fn pending(&self) -> Vec<gpufeed::interop::ReleasePoint> {
         let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
         v.retain(|p| !p.is_done());
         v.clone()
@@ -141,7 +141,7 @@ pub struct DeviceKeep {
     pub array: Option<Py<PyAny>>,
     pub exports: Arc<AtomicUsize>,
     pub releases: Arc<Releases>,
-    pub device: host::Device,
+    pub device: gpufeed::Device,
     pub consumer: Consumer,
 }
 
@@ -154,9 +154,9 @@ impl Drop for DeviceKeep {
             // uses the tensor); 1 is the legacy default stream. If recording
             // fails anyway, the point is a device-wide synchronize.
             Consumer::Stream(h) => unsafe {
-                host::interop::release_after_foreign_stream(&self.device, h)
+                gpufeed::interop::release_after_foreign_stream(&self.device, h)
             },
-            Consumer::Unknown => host::interop::release_after_device_idle(&self.device),
+            Consumer::Unknown => gpufeed::interop::release_after_device_idle(&self.device),
         };
         // Noted before the count drops: whoever sees no export sees the release.
         self.releases.push(point.clone());
@@ -314,9 +314,9 @@ fn dtype_of(code: u8, bits: u8, lanes: u16) -> PyResult<DType> {
 pub fn import_cuda(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
-    device: &host::Device,
+    device: &gpufeed::Device,
 ) -> PyResult<Imported> {
-    let hs = host::interop::HandshakeStream::new(device).py()?;
+    let hs = gpufeed::interop::HandshakeStream::new(device).py()?;
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("stream", hs.handle())?;
     let cap = obj.call_method("__dlpack__", (), Some(&kwargs))?;

@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 /// many bytes, the callback called after each.
 pub const PROGRESS_STEP: usize = 64 << 20;
 
-/// `direct=None|True|False` as the staging engine's [`host::FileIo`].
-fn file_io(direct: Option<bool>) -> host::FileIo {
+/// `direct=None|True|False` as the staging engine's [`gpufeed::FileIo`].
+fn file_io(direct: Option<bool>) -> gpufeed::FileIo {
     match direct {
-        None => host::FileIo::Auto,
-        Some(true) => host::FileIo::Direct,
-        Some(false) => host::FileIo::Buffered,
+        None => gpufeed::FileIo::Auto,
+        Some(true) => gpufeed::FileIo::Direct,
+        Some(false) => gpufeed::FileIo::Buffered,
     }
 }
 
@@ -97,7 +97,7 @@ fn fill_from_file(
     array: &DeviceArray,
     path: &Path,
     offset: u64,
-    io: host::FileIo,
+    io: gpufeed::FileIo,
     progress: &mut Progress<'_>,
 ) -> PyResult<()> {
     let file = File::open(path).map_err(|e| open_error(path, e))?;
@@ -588,16 +588,16 @@ pub fn load_safetensors<'py>(
 }
 
 /// Reads each buffer whole from `file` at its offset, in one stream through
-/// the ring ([`host::Staging::read_file_pieces`]); with a progress callback,
+/// the ring ([`gpufeed::Staging::read_file_pieces`]); with a progress callback,
 /// in ranges of [`PROGRESS_STEP`] bytes of all of them, the callback called
 /// after each (once, with no bytes, when there are none).
 fn read_pieces(
     py: Python<'_>,
-    staging: &host::Staging,
+    staging: &gpufeed::Staging,
     file: &File,
     offsets: &[u64],
-    bufs: &mut [host::DeviceBuffer<u8>],
-    io: host::FileIo,
+    bufs: &mut [gpufeed::DeviceBuffer<u8>],
+    io: gpufeed::FileIo,
     progress: &mut Progress<'_>,
 ) -> PyResult<()> {
     let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -612,7 +612,7 @@ fn read_pieces(
             let len = b.len();
             let (lo, hi) = (pos.max(base), end.min(base + len));
             if lo < hi {
-                pieces.push(host::FilePiece {
+                pieces.push(gpufeed::FilePiece {
                     at: at + (lo - base) as u64,
                     dst: b,
                     range: lo - base..hi - base,
@@ -651,7 +651,7 @@ pub fn file_read_mode(
         .detach(|| staging.file_io_for(&file, file_io(direct)))
         .py()?;
     Ok(match way {
-        host::FileIo::Direct => "direct",
+        gpufeed::FileIo::Direct => "direct",
         _ => "buffered",
     })
 }
@@ -781,9 +781,9 @@ pub fn save_safetensors(
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 pub fn gds_status<'py>(py: Python<'py>, device: Option<&Device>) -> PyResult<Bound<'py, PyDict>> {
-    use host::GdsStatus as G;
+    use gpufeed::GdsStatus as G;
     let device = device_or_default(py, device)?;
-    let status = py.detach(|| host::gds_status(&device));
+    let status = py.detach(|| gpufeed::gds_status(&device));
     let reason = match &status {
         G::Available { .. } => "available",
         G::NotCuda => "not_cuda",

@@ -155,11 +155,11 @@ pub(crate) fn os_error(io: &std::io::Error, text: String) -> PyErr {
     }
 }
 
-/// A `host::Error` as the Python exception of its variant, with its text;
+/// A `gpufeed::Error` as the Python exception of its variant, with its text;
 /// `kind` (the variant's name) is its class's (set when the module loads),
 /// or on the exception itself for an I/O error (an `OSError` subclass).
-pub fn to_py(e: host::Error) -> PyErr {
-    use host::Error as E;
+pub fn to_py(e: gpufeed::Error) -> PyErr {
+    use gpufeed::Error as E;
     let text = e.to_string();
     match &e {
         E::Driver { .. } => DriverError::new_err(text),
@@ -194,13 +194,13 @@ pub fn to_py(e: host::Error) -> PyErr {
     }
 }
 
-/// `Result<T, host::Error>` into `PyResult<T>`.
+/// `Result<T, gpufeed::Error>` into `PyResult<T>`.
 pub trait IntoPy<T> {
     /// Converts the error with [`to_py`].
     fn py(self) -> PyResult<T>;
 }
 
-impl<T> IntoPy<T> for host::Result<T> {
+impl<T> IntoPy<T> for gpufeed::Result<T> {
     fn py(self) -> PyResult<T> {
         self.map_err(to_py)
     }
@@ -247,7 +247,8 @@ pub fn buffer_error(msg: impl Into<String>) -> PyErr {
 }
 
 #[pymodule]
-fn gpufeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
+#[pyo3(name = "gpufeed")]
+fn gpufeed_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     alloc::Taken::get(py)?;

@@ -2,7 +2,7 @@
 //! memory map, `.npy` files or a safetensors file (or a dict of those) are
 //! gathered by index in native threads straight into pinned blocks and
 //! sent to the device on the loader's own stream, `prefetch` batches ahead
-//! (the `host` crate's [`host::Loader`]); they come out as torch tensors,
+//! (the `host` crate's [`gpufeed::Loader`]); they come out as torch tensors,
 //! CuPy arrays or `DeviceArray`s without a copy.
 //!
 //! Threads: a producer thread of the loader's own runs the epoch (the
@@ -76,9 +76,9 @@ unsafe impl Sync for Keep {}
 /// the batches itself; else plain sources the host gathers from.
 /// Each field: its (address, rows) segments and its row size.
 fn row_sources(
-    device: &host::Device,
+    device: &gpufeed::Device,
     fields: &[(Vec<(usize, usize)>, usize)],
-) -> host::Result<Vec<host::RowSource<'static>>> {
+) -> gpufeed::Result<Vec<gpufeed::RowSource<'static>>> {
     let mut pinned = Vec::with_capacity(fields.len());
     for (segments, row_bytes) in fields {
         let [(ptr, rows)] = segments[..] else {
@@ -89,13 +89,18 @@ fn row_sources(
         // buffer exports until after the loader (which holds the guard)
         // is gone (`Drop` joins the producer first); only read through it.
         let guard = unsafe {
-            host::interop::RegisteredRaw::new_read_only(device, ptr as *mut u8, bytes, Box::new(()))
+            gpufeed::interop::RegisteredRaw::new_read_only(
+                device,
+                ptr as *mut u8,
+                bytes,
+                Box::new(()),
+            )
         };
         let Ok(guard) = guard else { break };
         // SAFETY: as above; nothing writes the source while the loader
         // reads it (the module's documented contract).
         pinned.push(unsafe {
-            host::RowSource::from_registered_raw(std::sync::Arc::new(guard), (*row_bytes).max(1))
+            gpufeed::RowSource::from_registered_raw(std::sync::Arc::new(guard), (*row_bytes).max(1))
         }?);
     }
     if pinned.len() == fields.len() {
@@ -115,7 +120,7 @@ fn row_sources(
             // array's memory under its exports (`__setstate__`,
             // `resize(refcheck=False)`) while the loader lives is excluded
             // by the documented contract (the module's notes).
-            unsafe { host::RowSource::from_raw_parts(&segments, (*row_bytes).max(1)) }
+            unsafe { gpufeed::RowSource::from_raw_parts(&segments, (*row_bytes).max(1)) }
         })
         .collect()
 }
@@ -452,17 +457,17 @@ pub struct Loader {
     /// The producer thread running the epochs (None once stopped).
     producer: Option<Producer>,
     /// Where the batches are gathered.
-    gather: host::Gather,
+    gather: gpufeed::Gather,
     fields: Vec<Field>,
     as_dict: bool,
     framework: Framework,
-    device: host::Device,
+    device: gpufeed::Device,
     rows: usize,
     batches_per_epoch: usize,
     /// The next `__iter__` starts here (a loaded state), then 0.
     resume_at: usize,
     epoch: u64,
-    config: host::LoaderConfig,
+    config: gpufeed::LoaderConfig,
     /// The epoch running: its generation (batches of older ones are
     /// dropped), its first batch, batches handed out, whether it ended.
     generation: u64,
@@ -536,9 +541,9 @@ enum Command {
 
 /// What the producer hands over, tagged with its epoch's generation.
 enum Message {
-    Batch(host::Batch<u8>),
+    Batch(gpufeed::Batch<u8>),
     End,
-    Failed(host::Error),
+    Failed(gpufeed::Error),
 }
 
 /// The producer thread and its two channels.
@@ -555,7 +560,7 @@ impl Producer {
     /// told to, handing over every batch once its data is on the device
     /// (at most one finished batch waits in the channel besides the one
     /// being handed over; `prefetch` more are in flight in the loader).
-    fn start(mut loader: host::Loader<'static, u8>) -> PyResult<Producer> {
+    fn start(mut loader: gpufeed::Loader<'static, u8>) -> PyResult<Producer> {
         use std::sync::mpsc::{channel, sync_channel, TryRecvError};
         let (commands, command_rx) = channel::<Command>();
         let (batch_tx, batches) = sync_channel::<(u64, Message)>(1);
@@ -586,7 +591,7 @@ impl Producer {
                         active = Some(generation);
                     }
                     let Some(generation) = active else { continue };
-                    let message = match host::block_on(futures::StreamExt::next(&mut loader)) {
+                    let message = match gpufeed::block_on(futures::StreamExt::next(&mut loader)) {
                         Some(Ok(b)) => Message::Batch(b),
                         Some(Err(e)) => {
                             active = None;
@@ -628,7 +633,7 @@ impl Producer {
 
 impl Loader {
     fn cuda(&self) -> bool {
-        self.device.kind() == host::BackendKind::Cuda
+        self.device.kind() == gpufeed::BackendKind::Cuda
     }
 
     /// The consumer's current stream object (torch or CuPy), on CUDA.
@@ -707,7 +712,7 @@ impl Loader {
         &mut self,
         py: Python<'py>,
         field: usize,
-        mut buf: host::DeviceBuffer<u8>,
+        mut buf: gpufeed::DeviceBuffer<u8>,
         rows: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let f = &self.fields[field];
@@ -894,10 +899,10 @@ impl Loader {
             )));
         }
         let (rank, world_size, local_rank) = distributed(py, rank, world_size)?;
-        if world_size > host::MAX_WORLD_SIZE {
+        if world_size > gpufeed::MAX_WORLD_SIZE {
             return Err(PyValueError::new_err(format!(
                 "Loader: world_size {world_size} is above {}",
-                host::MAX_WORLD_SIZE
+                gpufeed::MAX_WORLD_SIZE
             )));
         }
         if world_size == 0 || rank >= world_size {
@@ -905,7 +910,7 @@ impl Loader {
                 "Loader: rank {rank} must be below world_size {world_size} (at least 1)"
             )));
         }
-        let device: host::Device = match device {
+        let device: gpufeed::Device = match device {
             Some(d) => match d.cast::<Device>() {
                 Ok(d) => d.get().inner.clone(),
                 Err(_) => {
@@ -934,7 +939,7 @@ impl Loader {
                     .clone()
             }
         };
-        let cuda = device.kind() == host::BackendKind::Cuda;
+        let cuda = device.kind() == gpufeed::BackendKind::Cuda;
         let framework = match framework {
             "torch" => Framework::Torch,
             "cupy" => Framework::Cupy,
@@ -1009,7 +1014,7 @@ impl Loader {
             .map(|f| (f.segments.clone(), f.row_bytes))
             .collect();
         let sources = py.detach(|| row_sources(&device, &plain)).py()?;
-        let mut config = host::LoaderConfig::new(batch_size as usize);
+        let mut config = gpufeed::LoaderConfig::new(batch_size as usize);
         config.shuffle = shuffle;
         config.seed = seed;
         config.drop_last = drop_last;
@@ -1017,7 +1022,7 @@ impl Loader {
         config.rank = rank;
         config.world_size = world_size;
         let inner = py
-            .detach(|| host::Loader::<u8>::new(&device, sources, config))
+            .detach(|| gpufeed::Loader::<u8>::new(&device, sources, config))
             .py()?;
         let (rows, batches_per_epoch, gather) = (inner.rows(), inner.len(), inner.gather());
         let producer = Producer::start(inner)?;
@@ -1052,8 +1057,8 @@ impl Loader {
     #[getter]
     fn gather(&self) -> &'static str {
         match self.gather {
-            host::Gather::Device => "device",
-            host::Gather::Host => "host",
+            gpufeed::Gather::Device => "device",
+            gpufeed::Gather::Host => "host",
         }
     }
 
@@ -1120,7 +1125,7 @@ impl Loader {
     /// order; batch `i` is `indices[i*batch_size:(i+1)*batch_size]`.
     #[pyo3(signature = (epoch=None))]
     fn indices(&self, epoch: Option<Count>) -> Vec<usize> {
-        host::epoch_indices(self.rows, &self.config, epoch.map_or(self.epoch, |e| e.0))
+        gpufeed::epoch_indices(self.rows, &self.config, epoch.map_or(self.epoch, |e| e.0))
     }
 
     /// `{"epoch", "batches" (handed out so far this epoch), "seed",

@@ -5,8 +5,8 @@ use crate::alloc::{HostMem, PinnedBuffer, Typed};
 use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
 use crate::{buffer_error, to_py, IntoPy};
-use host::interop::{cast_device, cast_device_mut};
-use host::{
+use gpufeed::interop::{cast_device, cast_device_mut};
+use gpufeed::{
     DeviceSliceMut, Error, HostSlice, HostSliceMut, Job, JobError, Kernel, PinnedHost, RunInfo,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -66,7 +66,7 @@ pub fn take_all(py: Python<'_>, owners: &[Owner]) -> PyResult<Vec<Slot>> {
 
 /// A device-array output of a pipeline run: owned by the run's job, written
 /// by the stage through raw views (it has no host side to copy out).
-pub type DevOut = host::KeepAlive<DevMem>;
+pub type DevOut = gpufeed::KeepAlive<DevMem>;
 
 /// The job behind an operation.
 pub enum Pending {
@@ -110,7 +110,7 @@ impl Pending {
                 Err(JobError { error, bundle }) => (Err(error), bundle.map(slots)),
             }
         }
-        use host::block_on_for;
+        use gpufeed::block_on_for;
         match self {
             Pending::Batch(j) => block_on_for(j, timeout).map(|r| split(r, |b| b, |_| None)),
             Pending::Run(j) => block_on_for(j, timeout)
@@ -155,19 +155,19 @@ pub struct Operation {
     /// The streams the work runs on, kept while the operation lives: the
     /// drop of their Python object (a `Stream`, a `Pipeline`) is then never
     /// the last and never waits for this work.
-    keep: Vec<host::Stream>,
+    keep: Vec<gpufeed::Stream>,
 }
 
 /// Drops `streams` with the GIL released: dropping the last handle of a
 /// stream waits for the work queued on it.
-pub fn drop_streams_detached(streams: Vec<host::Stream>) {
+pub fn drop_streams_detached(streams: Vec<gpufeed::Stream>) {
     if !streams.is_empty() {
         Python::attach(|py| py.detach(move || drop(streams)));
     }
 }
 
 impl Operation {
-    pub fn new(pending: Pending, owners: Vec<Owner>, keep: Vec<host::Stream>) -> Self {
+    pub fn new(pending: Pending, owners: Vec<Owner>, keep: Vec<gpufeed::Stream>) -> Self {
         Operation {
             state: Mutex::new(OpState::Pending(Box::new(pending))),
             finished: Condvar::new(),
@@ -407,19 +407,19 @@ enum Cmd {
 /// how an extension launches a kernel crate of its own, typed.
 #[derive(Clone)]
 pub struct UserKernels {
-    scale_bf16: host::Function<bf16_kernels::scale_bf16>,
-    scale_bf16_f32: host::Function<bf16_kernels::scale_bf16_f32>,
+    scale_bf16: gpufeed::Function<bf16_kernels::scale_bf16>,
+    scale_bf16_f32: gpufeed::Function<bf16_kernels::scale_bf16_f32>,
 }
 
 /// The example kernel crate's PTX.
 const USER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/bf16_kernels.ptx"));
 
 impl UserKernels {
-    fn load(device: &host::Device) -> host::Result<UserKernels> {
+    fn load(device: &gpufeed::Device) -> gpufeed::Result<UserKernels> {
         // SAFETY: USER_PTX is bf16-kernels' PTX, built by this crate's
         // build.rs (kernel-builder) from the crate that declares the kernels
         // taken below.
-        let m = unsafe { host::Module::from_ptx(device, USER_PTX)? };
+        let m = unsafe { gpufeed::Module::from_ptx(device, USER_PTX)? };
         Ok(UserKernels {
             scale_bf16: m.function()?,
             scale_bf16_f32: m.function()?,
@@ -683,21 +683,21 @@ fn inconsistent() -> Error {
     Error::Internal("a batch's buffer roles are inconsistent".into())
 }
 
-fn dev_view<'a>(views: &[Views<'a>], i: usize) -> host::Result<DeviceSliceMut<'a, u8>> {
+fn dev_view<'a>(views: &[Views<'a>], i: usize) -> gpufeed::Result<DeviceSliceMut<'a, u8>> {
     match views.get(i) {
         Some(Views::Dev(d)) => Ok(*d),
         _ => Err(inconsistent()),
     }
 }
 
-fn host_read<'a>(views: &[Views<'a>], i: usize) -> host::Result<HostSlice<'a, u8>> {
+fn host_read<'a>(views: &[Views<'a>], i: usize) -> gpufeed::Result<HostSlice<'a, u8>> {
     match views.get(i) {
         Some(Views::HostRead(s)) => Ok(*s),
         _ => Err(inconsistent()),
     }
 }
 
-fn host_write<'a>(views: &mut [Views<'a>], i: usize) -> host::Result<HostSliceMut<'a, u8>> {
+fn host_write<'a>(views: &mut [Views<'a>], i: usize) -> gpufeed::Result<HostSliceMut<'a, u8>> {
     match views.get_mut(i) {
         Some(Views::HostWrite(h)) => h.take().ok_or_else(inconsistent),
         _ => Err(inconsistent()),
@@ -705,12 +705,12 @@ fn host_write<'a>(views: &mut [Views<'a>], i: usize) -> host::Result<HostSliceMu
 }
 
 fn enqueue<'a>(
-    c: &mut host::Commands<'a>,
+    c: &mut gpufeed::Commands<'a>,
     bundle: &'a mut [Slot],
     writes: &[bool],
     cmds: &[Cmd],
     user: Option<&UserKernels>,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let mut views = views_of(bundle, writes);
     for cmd in cmds {
         match *cmd {
@@ -735,14 +735,14 @@ fn enqueue<'a>(
                 let k = user.ok_or_else(inconsistent)?;
                 let xv = cast_device::<half::bf16>(dev_view(&views, x)?.as_view())?;
                 let yv = cast_device_mut::<half::bf16>(dev_view(&views, y)?)?;
-                let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
+                let cfg = gpufeed::LaunchConfig::grid_stride(c.device(), xv.len());
                 c.launch(&k.scale_bf16, cfg, (s, xv, yv))?
             }
             Cmd::ScaleBf16F32 { x, y, s } => {
                 let k = user.ok_or_else(inconsistent)?;
                 let xv = cast_device::<half::bf16>(dev_view(&views, x)?.as_view())?;
                 let yv = cast_device_mut::<f32>(dev_view(&views, y)?)?;
-                let cfg = host::LaunchConfig::grid_stride(c.device(), xv.len());
+                let cfg = gpufeed::LaunchConfig::grid_stride(c.device(), xv.len());
                 c.launch(&k.scale_bf16_f32, cfg, (s, xv, yv))?
             }
         }
@@ -753,11 +753,11 @@ fn enqueue<'a>(
 /// The copies of a batch as one `copy_batch` (a buffer is one slot: one
 /// destination at most, which is then no copy's source).
 fn enqueue_batch<'a>(
-    c: &mut host::Commands<'a>,
+    c: &mut gpufeed::Commands<'a>,
     bundle: &'a mut [Slot],
     writes: &[bool],
     cmds: &[Cmd],
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let overlap = || Error::Overlap {
         what: "copy_batch (a buffer written by one copy and used by another)",
     };
@@ -776,14 +776,14 @@ fn enqueue_batch<'a>(
     for cmd in cmds {
         transfers.push(match *cmd {
             Cmd::H2D { src, dst } => {
-                host::Transfer::h2d(host_read(&views, src)?, dev_view(&views, dst)?)
+                gpufeed::Transfer::h2d(host_read(&views, src)?, dev_view(&views, dst)?)
             }
             Cmd::D2H { src, dst } => {
                 let d = dev_view(&views, src)?;
-                host::Transfer::d2h(d, host_write(&mut views, dst)?)
+                gpufeed::Transfer::d2h(d, host_write(&mut views, dst)?)
             }
             Cmd::D2D { src, dst } => {
-                host::Transfer::d2d(dev_view(&views, src)?, dev_view(&views, dst)?)
+                gpufeed::Transfer::d2d(dev_view(&views, src)?, dev_view(&views, dst)?)
             }
             _ => return Err(inconsistent()),
         });
@@ -795,7 +795,7 @@ fn enqueue_batch<'a>(
 #[pyclass(module = "gpufeed", frozen)]
 pub struct Stream {
     /// Dropped with the GIL released (see `Drop`).
-    pub(crate) inner: std::mem::ManuallyDrop<host::Stream>,
+    pub(crate) inner: std::mem::ManuallyDrop<gpufeed::Stream>,
     /// The user kernel crate's kernels, loaded at first use.
     user: std::sync::OnceLock<UserKernels>,
 }
@@ -828,7 +828,7 @@ impl Stream {
     }
 
     /// `batched`: the commands are copies, enqueued as one
-    /// [`host::Commands::copy_batch`].
+    /// [`gpufeed::Commands::copy_batch`].
     fn submit_cmds(
         &self,
         py: Python<'_>,
@@ -879,7 +879,7 @@ impl Stream {
     fn new(py: Python<'_>, device: Option<&Device>) -> PyResult<Self> {
         let device = device_or_default(py, device)?;
         Ok(Stream {
-            inner: std::mem::ManuallyDrop::new(host::Stream::new(&device).py()?),
+            inner: std::mem::ManuallyDrop::new(gpufeed::Stream::new(&device).py()?),
             user: std::sync::OnceLock::new(),
         })
     }
@@ -1023,7 +1023,7 @@ impl Stream {
         let end = self.inner.record().py()?;
         let mut done = end.wait();
         loop {
-            match py.detach(|| host::block_on_for(&mut done, SIGNAL_CHECK)) {
+            match py.detach(|| gpufeed::block_on_for(&mut done, SIGNAL_CHECK)) {
                 Some(r) => return r.py(),
                 None => py.check_signals()?,
             }
@@ -1061,7 +1061,7 @@ pub fn foreign_stream_wait(stream: &Stream, foreign: &Bound<'_, PyAny>) -> PyRes
     // primary context (what PyTorch and CuPy hand out) or a default-stream
     // handle; a dead one is the caller's bug, as in those libraries' own
     // stream APIs.
-    unsafe { host::interop::foreign_stream_wait(&stream.inner, handle) }.py()
+    unsafe { gpufeed::interop::foreign_stream_wait(&stream.inner, handle) }.py()
 }
 
 /// The raw `CUstream` handle of a stream object or int (see
@@ -1116,7 +1116,7 @@ pub fn distinct(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<()> {
 }
 
 /// Default device, re-exported for the pipeline.
-pub fn default_dev(py: Python<'_>, device: Option<&Device>) -> PyResult<host::Device> {
+pub fn default_dev(py: Python<'_>, device: Option<&Device>) -> PyResult<gpufeed::Device> {
     device_or_default(py, device)
 }
 

@@ -5,7 +5,7 @@ use crate::device::{device_or_default, Device, DeviceArray};
 use crate::dtype::DType;
 use crate::ops::{distinct, take_all, Operation, Owner, Pending, Slot};
 use crate::IntoPy;
-use host::{Kernel, Plan};
+use gpufeed::{Kernel, Plan};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -69,8 +69,8 @@ fn plan(p: Option<&Bound<'_, PyAny>>, n: usize, streams: usize) -> PyResult<Plan
 #[pyclass(module = "gpufeed", frozen)]
 pub struct Pipeline {
     /// Dropped with the GIL released (see `Drop`).
-    inner: std::mem::ManuallyDrop<host::Pipeline>,
-    device: host::Device,
+    inner: std::mem::ManuallyDrop<gpufeed::Pipeline>,
+    device: gpufeed::Device,
 }
 
 impl Drop for Pipeline {
@@ -95,7 +95,9 @@ impl Pipeline {
     fn new(py: Python<'_>, device: Option<&Device>, streams: crate::Count) -> PyResult<Self> {
         let streams = streams.0 as usize;
         let device = device_or_default(py, device)?;
-        let inner = py.detach(|| host::Pipeline::new(&device, streams)).py()?;
+        let inner = py
+            .detach(|| gpufeed::Pipeline::new(&device, streams))
+            .py()?;
         Ok(Pipeline {
             inner: std::mem::ManuallyDrop::new(inner),
             device,
@@ -122,8 +124,8 @@ impl Pipeline {
         let inp = crate::ops::pinned(input, "the input")?;
         let n = {
             let b = inp.get();
-            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
-                return Err(crate::to_py(host::Error::InvalidArgument(
+            if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
+                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
                     "the input array is on another device than the pipeline".into(),
                 )));
             }
@@ -142,8 +144,8 @@ impl Pipeline {
         let out = crate::ops::pinned(output, "the output")?;
         {
             let b = out.get();
-            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
-                return Err(crate::to_py(host::Error::InvalidArgument(
+            if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
+                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
                     "the output array is on another device than the pipeline".into(),
                 )));
             }
@@ -162,7 +164,8 @@ impl Pipeline {
         let (i, o) = match (Typed::<f32>::new(i), Typed::<f32>::new(o)) {
             (Ok(i), Ok(o)) => (i, o),
             (i, o) => {
-                let back = |r: Result<Typed<f32>, (host::Error, crate::alloc::HostMem)>| match r {
+                let back = |r: Result<Typed<f32>, (gpufeed::Error, crate::alloc::HostMem)>| match r
+                {
                     Ok(t) => (None, t.mem),
                     Err((e, m)) => (Some(e), m),
                 };
@@ -171,11 +174,11 @@ impl Pipeline {
                 owners[1].restore(py, Some(Slot::Host(o)), "");
                 let e = e1
                     .or(e2)
-                    .unwrap_or_else(|| host::Error::Internal("cast".into()));
+                    .unwrap_or_else(|| gpufeed::Error::Internal("cast".into()));
                 return Err(crate::to_py(e));
             }
         };
-        let job = py.detach(|| self.inner.run(i, o, k, plan, host::Timeline::Off));
+        let job = py.detach(|| self.inner.run(i, o, k, plan, gpufeed::Timeline::Off));
         Ok(Operation::new(
             Pending::Run(job),
             owners,
@@ -227,8 +230,8 @@ impl Pipeline {
     ) -> PyResult<Operation> {
         {
             let b = out.get();
-            if host::interop::device_id(&b.device) != host::interop::device_id(&self.device) {
-                return Err(crate::to_py(host::Error::InvalidArgument(
+            if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
+                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
                     "the output device array is on another device than the pipeline".into(),
                 )));
             }
@@ -240,7 +243,7 @@ impl Pipeline {
             }
             let m: usize = b.shape.iter().product();
             if m != n {
-                return Err(crate::to_py(host::Error::LengthMismatch {
+                return Err(crate::to_py(gpufeed::Error::LengthMismatch {
                     what: "pipeline (output vs input)",
                     expected: n,
                     got: m,
@@ -268,9 +271,9 @@ impl Pipeline {
         let job = py.detach(move || {
             self.inner.run_stage(
                 (i,),
-                host::KeepAlive(o),
+                gpufeed::KeepAlive(o),
                 plan,
-                host::Timeline::Off,
+                gpufeed::Timeline::Off,
                 move |c, chunk| {
                     let r = chunk.range();
                     // SAFETY: `addr` is the output's memory, owned by this run's job
@@ -278,7 +281,7 @@ impl Pipeline {
                     // else meanwhile (the operation holds it); the chunk's range lies
                     // inside it (n elements, checked above); chunks are disjoint.
                     let dst = unsafe {
-                        host::interop::device_slice_mut::<f32>(
+                        gpufeed::interop::device_slice_mut::<f32>(
                             &device,
                             addr + 4 * r.start as u64,
                             r.len(),
@@ -321,19 +324,19 @@ pub fn compare_sync_async<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (size, reps) = (size.0 as usize, reps.0 as usize);
     if size == 0 {
-        return Err(crate::to_py(host::Error::InvalidArgument(
+        return Err(crate::to_py(gpufeed::Error::InvalidArgument(
             "compare_sync_async needs at least one element".into(),
         )));
     }
     let device = device_or_default(py, device)?;
     let k = Kernel::Scale { s: 2.0 };
     if reps == 0 {
-        return Err(crate::to_py(host::Error::InvalidArgument(
+        return Err(crate::to_py(gpufeed::Error::InvalidArgument(
             "compare_sync_async needs reps >= 1 (the timings are medians of reps runs)".into(),
         )));
     }
-    let r = py.detach(|| -> host::Result<_> {
-        let pool = host::PinnedPool::new(&device);
+    let r = py.detach(|| -> gpufeed::Result<_> {
+        let pool = gpufeed::PinnedPool::new(&device);
         let mut input = pool.alloc::<f32>(size)?;
         for (i, v) in input.as_mut_slice().iter_mut().enumerate() {
             *v = (i % 1000) as f32 * 0.5 - 100.0;
@@ -341,10 +344,10 @@ pub fn compare_sync_async<'py>(
         // The kernel's arithmetic written out (`scale` by 2: one rounding),
         // not the kernel crate's code, which the CPU emulation runs.
         let expect: Vec<f32> = input.as_slice().iter().map(|&v| v * 2.0).collect();
-        let stream = host::Stream::new(&device)?;
-        let pipe = host::Pipeline::new(&device, 4)?;
+        let stream = gpufeed::Stream::new(&device)?;
+        let pipe = gpufeed::Pipeline::new(&device, 4)?;
         let plan = Plan::auto(size);
-        let mut dev = host::DeviceBuffer::<f32>::new(&device, size)?;
+        let mut dev = gpufeed::DeviceBuffer::<f32>::new(&device, size)?;
         let mut out = pool.alloc::<f32>(size)?;
         let (mut sync_ms, mut async_ms) = (Vec::new(), Vec::new());
         let mut correct = true;
@@ -352,12 +355,12 @@ pub fn compare_sync_async<'py>(
             out.as_mut_slice().fill(f32::NAN);
             let t = Instant::now();
             let ((i, d), ()) = stream.run_sync((input, dev), |c, (i, d)| {
-                use host::PinnedHost;
+                use gpufeed::PinnedHost;
                 c.copy_h2d(i.host(), d.view_mut())
             })?;
             let (d, ()) = stream.run_sync(d, |c, d| c.kernel(k, d.view_mut()))?;
             let ((d, o), ()) = stream.run_sync((d, out), |c, (d, o)| {
-                use host::PinnedHost;
+                use gpufeed::PinnedHost;
                 c.copy_d2h(d.view(), o.host_mut())
             })?;
             sync_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -365,7 +368,8 @@ pub fn compare_sync_async<'py>(
             (input, dev, out) = (i, d, o);
             out.as_mut_slice().fill(f32::NAN);
             let t = Instant::now();
-            let ((i, o), _) = host::block_on(pipe.run(input, out, k, plan, host::Timeline::Off))?;
+            let ((i, o), _) =
+                gpufeed::block_on(pipe.run(input, out, k, plan, gpufeed::Timeline::Off))?;
             async_ms.push(t.elapsed().as_secs_f64() * 1e3);
             correct &= bits_equal(o.as_slice(), &expect);
             (input, out) = (i, o);

@@ -31,11 +31,11 @@ static ENGINES: Mutex<Vec<Engine>> = Mutex::new(Vec::new());
 /// A kept engine: the process that made it, its device, the engine.
 struct Engine {
     pid: u32,
-    device: host::Device,
-    staging: host::Staging,
+    device: gpufeed::Device,
+    staging: gpufeed::Staging,
 }
 
-fn engine(device: &host::Device) -> host::Result<host::Staging> {
+fn engine(device: &gpufeed::Device) -> gpufeed::Result<gpufeed::Staging> {
     let mut engines = ENGINES.lock().unwrap_or_else(|p| p.into_inner());
     // In a fork() child the parent's engines have no workers (they refuse
     // every copy): forgotten, not dropped (their threads and blocks are the
@@ -51,7 +51,7 @@ fn engine(device: &host::Device) -> host::Result<host::Staging> {
     if let Some(e) = engines.iter().find(|e| e.device.same_as(device)) {
         return Ok(e.staging.clone());
     }
-    let staging = host::Staging::new(device)?;
+    let staging = gpufeed::Staging::new(device)?;
     engines.push(Engine {
         pid,
         device: device.clone(),
@@ -61,7 +61,7 @@ fn engine(device: &host::Device) -> host::Result<host::Staging> {
 }
 
 /// The device's staging engine, made at first use (GIL released meanwhile).
-pub(crate) fn engine_for(py: Python<'_>, device: &host::Device) -> PyResult<host::Staging> {
+pub(crate) fn engine_for(py: Python<'_>, device: &gpufeed::Device) -> PyResult<gpufeed::Staging> {
     py.detach(|| engine(device)).py()
 }
 
@@ -227,7 +227,7 @@ pub fn to_device(
             first_range(&staging),
             |r| {
                 let at = r.start;
-                py.detach(|| host::block_on(staging.h2d_at(&src[r], buf, at)))
+                py.detach(|| gpufeed::block_on(staging.h2d_at(&src[r], buf, at)))
                     .py()
             },
             || py.check_signals(),
@@ -241,9 +241,9 @@ pub fn to_device(
 /// backend: about 20 ms at the H200's link speed (so a copy of up to 1 GiB
 /// is one range: no refill of the ring between two), and about as long on
 /// the CPU emulation's few GB/s. Later ranges follow the measured rate.
-fn first_range(staging: &host::Staging) -> usize {
+fn first_range(staging: &gpufeed::Staging) -> usize {
     match staging.device().kind() {
-        host::BackendKind::Cuda => 1 << 30,
+        gpufeed::BackendKind::Cuda => 1 << 30,
         _ => 64 << 20,
     }
 }
@@ -312,7 +312,7 @@ pub fn to_host<'py>(
             first_range(&staging),
             |r| {
                 let at = r.start;
-                py.detach(|| host::block_on(staging.d2h_at(buf, at, &mut dst[r])))
+                py.detach(|| gpufeed::block_on(staging.d2h_at(buf, at, &mut dst[r])))
                     .py()
             },
             || py.check_signals(),
@@ -386,9 +386,9 @@ enum Stage {
     Running,
     /// The thread is done (the host memory is no longer touched): its
     /// result and the device memory, to hand back.
-    Finished(host::Result<()>, DevMem),
+    Finished(gpufeed::Result<()>, DevMem),
     /// Handed back: the result, for later waiters.
-    Done(host::Result<()>),
+    Done(gpufeed::Result<()>),
 }
 
 struct TransferShared {
@@ -465,7 +465,9 @@ impl Transfer {
                     run_copy(&staging, upload, range, &mut mem, &s2.cancel)
                 }))
                 .unwrap_or_else(|_| {
-                    Err(host::Error::Internal("a transfer's thread panicked".into()))
+                    Err(gpufeed::Error::Internal(
+                        "a transfer's thread panicked".into(),
+                    ))
                 });
                 *s2.lock() = Stage::Finished(r, mem);
                 s2.changed.notify_all();
@@ -477,7 +479,7 @@ impl Transfer {
                 if let Some(mem) = mem {
                     array.get().put_back(mem);
                 }
-                return Err(to_py(host::Error::InvalidArgument(format!(
+                return Err(to_py(gpufeed::Error::InvalidArgument(format!(
                     "{what}: could not start its thread: {e}"
                 ))));
             }
@@ -508,7 +510,7 @@ impl Transfer {
 
     /// Hands a finished stage's memory back to the array and the host
     /// export back to Python; the result, kept for later waiters.
-    fn hand_back(&self, py: Python<'_>) -> Option<host::Result<()>> {
+    fn hand_back(&self, py: Python<'_>) -> Option<gpufeed::Result<()>> {
         let mut stage = self.shared.lock();
         let r = match std::mem::replace(&mut *stage, Stage::Running) {
             Stage::Finished(r, mem) => {
@@ -535,20 +537,20 @@ impl Transfer {
 /// The copy of a transfer's thread, driven until it ends or `cancel` is
 /// set (then dropped: no thread touches the host range after).
 fn run_copy(
-    staging: &host::Staging,
+    staging: &gpufeed::Staging,
     upload: bool,
     range: HostRange,
     mem: &mut DevMem,
     cancel: &AtomicBool,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let DevMem::Own(buf) = mem else {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "a transfer works on arrays allocated by gpufeed".into(),
         ));
     };
     let stop = || {
         if cancel.load(Ordering::SeqCst) {
-            return Err(host::Error::InvalidArgument(
+            return Err(gpufeed::Error::InvalidArgument(
                 "the transfer was dropped before it finished".into(),
             ));
         }
@@ -567,7 +569,7 @@ fn run_copy(
             first_range(staging),
             |r| {
                 let at = r.start;
-                host::block_on(staging.h2d_at(&src[r], buf, at))
+                gpufeed::block_on(staging.h2d_at(&src[r], buf, at))
             },
             stop,
         )
@@ -579,7 +581,7 @@ fn run_copy(
             first_range(staging),
             |r| {
                 let at = r.start;
-                host::block_on(staging.d2h_at(buf, at, &mut dst[r]))
+                gpufeed::block_on(staging.d2h_at(buf, at, &mut dst[r]))
             },
             stop,
         )
@@ -599,7 +601,7 @@ impl Transfer {
                 return Ok(self.result.clone_ref(py));
             }
             if self.forked() {
-                return Err(to_py(host::Error::InvalidArgument(format!(
+                return Err(to_py(gpufeed::Error::InvalidArgument(format!(
                     "{} of the parent process: its thread did not survive fork()",
                     self.what
                 ))));

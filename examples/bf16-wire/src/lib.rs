@@ -17,16 +17,16 @@
 //!   [`Pipeline::run_stage`], chunked and overlapped.
 //!
 //! ```no_run
-//! # async fn f() -> host::Result<()> {
+//! # async fn f() -> gpufeed::Result<()> {
 //! use bf16_wire::{bf16, load, narrow_to_pinned, run_bf16};
-//! use host::{Device, PinnedPool, Pipeline, Plan};
+//! use gpufeed::{Device, PinnedPool, Pipeline, Plan};
 //! let device = Device::from_env()?;
 //! let (pool, pipe, kernels) = (PinnedPool::new(&device), Pipeline::new(&device, 4)?, load(&device)?);
 //! let data: Vec<f32> = (0..1_000_000).map(|i| i as f32 * 0.5).collect();
 //! let input = narrow_to_pinned(&pool, &data)?; // half the bytes to copy
 //! let output = pool.alloc::<bf16>(data.len())?;
 //! let (((input,), (output,)), _info) =
-//!     run_bf16(&pipe, &kernels, input, output, 2.0, Plan::auto(data.len()), host::Timeline::Off).await?;
+//!     run_bf16(&pipe, &kernels, input, output, 2.0, Plan::auto(data.len()), gpufeed::Timeline::Off).await?;
 //! assert_eq!(output.as_slice()[3].to_f32(), 3.0);
 //! # drop(input); Ok(()) }
 //! ```
@@ -34,7 +34,7 @@
 pub use bf16_kernels::{convert, narrow_f32, scale_bf16, scale_bf16_f32, widen_bf16, KERNEL_NAMES};
 pub use half::bf16;
 
-use host::{
+use gpufeed::{
     Chunk, Commands, Device, DeviceSlice, DeviceSliceMut, Error, Function, Job, Kernel,
     LaunchConfig, Module, PinnedArray, PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo,
     Timeline,
@@ -98,8 +98,8 @@ fn elementwise<'a, K, A>(
     args: A,
 ) -> Result<()>
 where
-    K: host::kernel_abi::Kernel,
-    A: host::Args<'a, Params = K::Params>,
+    K: gpufeed::kernel_abi::Kernel,
+    A: gpufeed::Args<'a, Params = K::Params>,
 {
     same_len(what, n.0, n.1)?;
     let config = LaunchConfig::grid_stride(c.device(), n.0);

@@ -5,7 +5,7 @@ mod common;
 
 use bf16_wire::{bf16, narrow_into, narrow_into_with, narrow_to_pinned, PARALLEL_MIN};
 use common::{check_narrowed, edge_inputs, random_inputs};
-use host::{Device, Error, PinnedPool};
+use gpufeed::{Device, Error, PinnedPool};
 
 fn check(input: &[f32], out: &[bf16]) {
     assert_eq!(input.len(), out.len());

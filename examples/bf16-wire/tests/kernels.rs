@@ -6,15 +6,15 @@ mod common;
 
 use bf16_wire::bf16;
 use common::{from_bits, rne_reference, round_trip, same_f32};
-use host::testing::serial;
-use host::{DeviceBuffer, Error, Stream};
+use gpufeed::testing::serial;
+use gpufeed::{DeviceBuffer, Error, Stream};
 use kernel_builder::ptx;
 
 /// Every bf16 bit pattern, and factors that round, overflow, underflow.
 const FACTORS: [f32; 5] = [3.3, -0.7, 1.0e30, 1.0e-30, 0.0];
 
-host::backend_tests!(scale_kernels_on_every_bf16_match_the_cpu);
-fn scale_kernels_on_every_bf16_match_the_cpu(device: host::Device) {
+gpufeed::backend_tests!(scale_kernels_on_every_bf16_match_the_cpu);
+fn scale_kernels_on_every_bf16_match_the_cpu(device: gpufeed::Device) {
     let _serial = serial();
     let kernels = bf16_wire::load(&device).unwrap();
     let input = from_bits(0..=u16::MAX);
@@ -53,8 +53,8 @@ fn scale_kernels_on_every_bf16_match_the_cpu(device: host::Device) {
     }
 }
 
-host::backend_tests!(launch_helpers_check_lengths);
-fn launch_helpers_check_lengths(device: host::Device) {
+gpufeed::backend_tests!(launch_helpers_check_lengths);
+fn launch_helpers_check_lengths(device: gpufeed::Device) {
     let _serial = serial();
     let kernels = bf16_wire::load(&device).unwrap();
     let stream = Stream::new(&device).unwrap();

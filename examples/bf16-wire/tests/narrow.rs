@@ -6,7 +6,7 @@ mod common;
 
 use bf16_wire::bf16;
 use common::{check_narrowed, edge_inputs, random_inputs, rne_reference, round_trip};
-use host::testing::serial;
+use gpufeed::testing::serial;
 
 #[test]
 fn the_reference_rounds_as_ieee_says() {
@@ -25,8 +25,8 @@ fn the_reference_rounds_as_ieee_says() {
     assert_eq!(common::bf16_value(0x7fc0), None);
 }
 
-host::backend_tests!(kernel_narrowing_matches_the_reference_on_edges_and_random_inputs);
-fn kernel_narrowing_matches_the_reference_on_edges_and_random_inputs(device: host::Device) {
+gpufeed::backend_tests!(kernel_narrowing_matches_the_reference_on_edges_and_random_inputs);
+fn kernel_narrowing_matches_the_reference_on_edges_and_random_inputs(device: gpufeed::Device) {
     let _serial = serial();
     let kernels = bf16_wire::load(&device).unwrap();
     let mut input = edge_inputs();

@@ -7,8 +7,8 @@ mod common;
 use bf16_wire::{bf16, narrow_to_pinned, run_bf16, run_bf16_f32, run_f32, Variant};
 use common::rne_reference;
 use futures::executor::block_on;
-use host::testing::{random_floats, serial};
-use host::{Kernel, PinnedPool, Pipeline, Plan, Timeline};
+use gpufeed::testing::{random_floats, serial};
+use gpufeed::{Kernel, PinnedPool, Pipeline, Plan, Timeline};
 
 /// Not a power of two: the products round.
 const S: f32 = 3.3;
@@ -30,8 +30,8 @@ fn plans(n: usize) -> Vec<Plan> {
     .collect()
 }
 
-host::backend_tests!(every_variant_matches_the_cpu_bit_for_bit);
-fn every_variant_matches_the_cpu_bit_for_bit(device: host::Device) {
+gpufeed::backend_tests!(every_variant_matches_the_cpu_bit_for_bit);
+fn every_variant_matches_the_cpu_bit_for_bit(device: gpufeed::Device) {
     let _serial = serial();
     let pool = PinnedPool::new(&device);
     let pipe = Pipeline::new(&device, 3).unwrap();
@@ -80,8 +80,8 @@ fn every_variant_matches_the_cpu_bit_for_bit(device: host::Device) {
     }
 }
 
-host::backend_tests!(a_stage_with_the_wrong_element_type_hands_the_arrays_back);
-fn a_stage_with_the_wrong_element_type_hands_the_arrays_back(device: host::Device) {
+gpufeed::backend_tests!(a_stage_with_the_wrong_element_type_hands_the_arrays_back);
+fn a_stage_with_the_wrong_element_type_hands_the_arrays_back(device: gpufeed::Device) {
     // run_bf16_f32 given f32 input would not compile (PinnedArray<Elem =
     // bf16>); at run time the chunk's type check guards a hand-written stage.
     let _serial = serial();
@@ -101,7 +101,7 @@ fn a_stage_with_the_wrong_element_type_hands_the_arrays_back(device: host::Devic
     ))
     .unwrap_err();
     assert!(
-        matches!(&err.error, host::Error::InvalidArgument(m) if m.contains("holds f32")),
+        matches!(&err.error, gpufeed::Error::InvalidArgument(m) if m.contains("holds f32")),
         "{err}"
     );
     assert!(err.bundle.is_some());

@@ -5,10 +5,10 @@
 mod common;
 
 use common::{bf16_value, from_bits, round_trip};
-use host::testing::serial;
+use gpufeed::testing::serial;
 
-host::backend_tests!(every_bf16_widens_exactly);
-fn every_bf16_widens_exactly(device: host::Device) {
+gpufeed::backend_tests!(every_bf16_widens_exactly);
+fn every_bf16_widens_exactly(device: gpufeed::Device) {
     let _serial = serial();
     let kernels = bf16_wire::load(&device).unwrap();
     let input = from_bits(0..=u16::MAX);

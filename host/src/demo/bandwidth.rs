@@ -6,8 +6,8 @@
 use super::fmt::{size, Words};
 use super::report::{cell, median, Meta};
 use futures::TryFutureExt;
-use host::block_on;
-use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
+use gpufeed::block_on;
+use gpufeed::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, PinnedPool, Registered, Stream};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -87,7 +87,7 @@ fn gbps(bytes: usize, ms: f64) -> f64 {
     bytes as f64 / ms / 1e6
 }
 
-fn time_ms(mut f: impl FnMut() -> host::Result<()>) -> host::Result<f64> {
+fn time_ms(mut f: impl FnMut() -> gpufeed::Result<()>) -> gpufeed::Result<f64> {
     let t = Instant::now();
     f()?;
     Ok(t.elapsed().as_secs_f64() * 1e3)
@@ -105,7 +105,7 @@ pub fn run(
     max_bytes: usize,
     alloc_sizes: &[usize],
     progress: &indicatif::ProgressBar,
-) -> host::Result<Results> {
+) -> gpufeed::Result<Results> {
     let stream = Stream::new(device)?;
     let stream2 = Stream::new(device)?;
     let raw = raw::Raw::new(device);
@@ -115,7 +115,7 @@ pub fn run(
         let n = bytes / 4;
         let reps = if bytes >= 256 << 20 { 11 } else { 21 };
         let mut src = PinnedBuffer::<f32>::new(device, n)?;
-        host::testing::random_floats(src.as_mut_slice(), 3);
+        gpufeed::testing::random_floats(src.as_mut_slice(), 3);
         let mut dst = PinnedBuffer::<f32>::new(device, n)?;
         let locked = src.is_locked() && dst.is_locked();
         let mut dev = DeviceBuffer::<f32>::new(device, n)?;
@@ -146,7 +146,7 @@ pub fn run(
             let up = stream.copy_h2d(src, dev);
             let down = stream2.run((dev2, dst), |c, (d, h)| c.copy_d2h(d.view(), h.host_mut()));
             let (((s, d), ()), ((d2, o), ())) = block_on(futures::future::try_join(
-                up.err_into::<host::Error>(),
+                up.err_into::<gpufeed::Error>(),
                 down.err_into(),
             ))?;
             bi.push(t.elapsed().as_secs_f64() * 1e3);
@@ -161,7 +161,7 @@ pub fn run(
         }
         drop(raw_bufs);
         if dst.as_slice() != src.as_slice() || pageable[..] != src.as_slice()[..] {
-            return Err(host::Error::InvalidArgument(format!(
+            return Err(gpufeed::Error::InvalidArgument(format!(
                 "bandwidth round trip of {bytes} bytes corrupted data"
             )));
         }
@@ -199,7 +199,7 @@ pub fn run(
     })
 }
 
-fn alloc_cost(device: &Device, bytes: usize) -> host::Result<AllocCost> {
+fn alloc_cost(device: &Device, bytes: usize) -> gpufeed::Result<AllocCost> {
     let n = bytes / 4;
     let reps = if bytes >= 1 << 30 { 3 } else { 5 };
     let (mut a, mut f, mut r, mut u) = (vec![], vec![], vec![], vec![]);
@@ -233,7 +233,7 @@ fn alloc_cost(device: &Device, bytes: usize) -> host::Result<AllocCost> {
         hits.push(t.elapsed().as_secs_f64() * 1e6);
     }
     if pool.stats().misses != 1 {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "pool hit benchmark missed the cache".into(),
         ));
     }
@@ -333,8 +333,8 @@ pub fn print(res: &Results) {
 
 /// The soft memlock limit, human-readable.
 fn memlock_limit() -> String {
-    match host::memlock_limit() {
-        host::MemlockLimit::Bytes(b) => super::fmt::bytes(b),
+    match gpufeed::memlock_limit() {
+        gpufeed::MemlockLimit::Bytes(b) => super::fmt::bytes(b),
         other => other.to_string(),
     }
 }
@@ -351,11 +351,11 @@ pub(crate) mod raw {
         pub(crate) stream: sys::CUstream,
     }
 
-    pub(crate) fn check(r: sys::CUresult, call: &'static str) -> host::Result<()> {
+    pub(crate) fn check(r: sys::CUresult, call: &'static str) -> gpufeed::Result<()> {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(host::Error::Driver {
+            Err(gpufeed::Error::Driver {
                 call,
                 code: format!("{r:?}"),
             })
@@ -363,8 +363,8 @@ pub(crate) mod raw {
     }
 
     impl Raw {
-        pub fn new(device: &host::Device) -> Option<Raw> {
-            if device.kind() != host::BackendKind::Cuda {
+        pub fn new(device: &gpufeed::Device) -> Option<Raw> {
+            if device.kind() != gpufeed::BackendKind::Cuda {
                 return None;
             }
             let ctx = cudarc::driver::CudaContext::new(device.info().ordinal).ok()?;
@@ -382,7 +382,7 @@ pub(crate) mod raw {
         }
 
         /// Driver-pinned host memory and device memory of `bytes` each.
-        pub fn buffers(&self, bytes: usize) -> host::Result<Buffers> {
+        pub fn buffers(&self, bytes: usize) -> gpufeed::Result<Buffers> {
             let mut b = Buffers {
                 host: std::ptr::null_mut(),
                 dev: 0,
@@ -406,11 +406,13 @@ pub(crate) mod raw {
 
         /// Makes this handle's context current on the calling thread (before
         /// allocating on one of several devices).
-        pub fn bind(&self) -> host::Result<()> {
-            self._ctx.bind_to_thread().map_err(|e| host::Error::Driver {
-                call: "cuCtxSetCurrent",
-                code: format!("{:?}", e.0),
-            })
+        pub fn bind(&self) -> gpufeed::Result<()> {
+            self._ctx
+                .bind_to_thread()
+                .map_err(|e| gpufeed::Error::Driver {
+                    call: "cuCtxSetCurrent",
+                    code: format!("{:?}", e.0),
+                })
         }
 
         /// Enqueues one copy (H2D or D2H) of the buffers' bytes on this
@@ -418,7 +420,7 @@ pub(crate) mod raw {
         ///
         /// # Safety
         /// Nothing may free `b` before [`Raw::sync`] returns.
-        pub unsafe fn enqueue(&self, b: &Buffers, h2d: bool) -> host::Result<()> {
+        pub unsafe fn enqueue(&self, b: &Buffers, h2d: bool) -> gpufeed::Result<()> {
             // SAFETY: live allocations of b.bytes (the caller keeps them until
             // the stream is synchronized); the stream is ours.
             unsafe {
@@ -437,7 +439,7 @@ pub(crate) mod raw {
         }
 
         /// Waits until everything enqueued on this handle's stream is done.
-        pub fn sync(&self) -> host::Result<()> {
+        pub fn sync(&self) -> gpufeed::Result<()> {
             // SAFETY: our live stream.
             check(
                 unsafe { sys::cuStreamSynchronize(self.stream) },
@@ -446,7 +448,7 @@ pub(crate) mod raw {
         }
 
         /// One copy (H2D or D2H) of the buffers' bytes, in ms, host clock.
-        pub fn copy_ms(&self, b: &Buffers, h2d: bool) -> host::Result<f64> {
+        pub fn copy_ms(&self, b: &Buffers, h2d: bool) -> gpufeed::Result<f64> {
             let t = Instant::now();
             // SAFETY: `b` outlives this call, which synchronizes before returning.
             unsafe { self.enqueue(b, h2d)? };
@@ -480,7 +482,7 @@ pub(crate) mod raw {
 
     impl Raw {
         /// `bytes` of device memory on this handle's device.
-        pub fn device_alloc(&self, bytes: usize) -> host::Result<DevAlloc> {
+        pub fn device_alloc(&self, bytes: usize) -> gpufeed::Result<DevAlloc> {
             self.bind()?;
             let mut ptr = 0;
             // SAFETY: out-pointer to a local; the context is current.
@@ -495,9 +497,14 @@ pub(crate) mod raw {
         /// A `cuMemcpyPeerAsync` of `bytes` from `src` (this handle's device)
         /// to `dst` (memory of `dst_ctx`'s device) on this handle's stream,
         /// in ms, host clock.
-        pub fn peer_ms(&self, dst: &DevAlloc, src: &DevAlloc, bytes: usize) -> host::Result<f64> {
+        pub fn peer_ms(
+            &self,
+            dst: &DevAlloc,
+            src: &DevAlloc,
+            bytes: usize,
+        ) -> gpufeed::Result<f64> {
             if bytes > dst.bytes || bytes > src.bytes {
-                return Err(host::Error::InvalidArgument(
+                return Err(gpufeed::Error::InvalidArgument(
                     "a peer copy longer than its buffers".into(),
                 ));
             }

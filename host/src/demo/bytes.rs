@@ -12,12 +12,12 @@ use super::fmt::{elems, ms as fmt_ms, Words};
 use super::kernels::par_chunks;
 use super::report::{median, random_floats, write_csv, write_json, Meta};
 use bf16_kernels::convert;
-use half::bf16;
-use host::testing::poison;
-use host::{
+use gpufeed::testing::poison;
+use gpufeed::{
     Chunk, Commands, Device, Error, Function, Job, JobError, Kernel, LaunchConfig, Module,
     PinnedPool, Pipeline, Plan, PooledBuffer, Result, RunInfo, Timeline,
 };
+use half::bf16;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::Path;

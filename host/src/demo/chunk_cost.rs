@@ -38,7 +38,7 @@
 use super::bandwidth::raw::check;
 use super::report::{median, write_json, Meta};
 use cudarc::driver::sys;
-use host::{BackendKind, Device, Error, Result};
+use gpufeed::{BackendKind, Device, Error, Result};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;

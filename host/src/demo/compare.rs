@@ -8,8 +8,8 @@
 use super::fmt::{elems, faster_or_slower, size, Words};
 use super::report::percentile;
 use futures::TryFutureExt;
-use host::testing::{poison, random_floats, verify};
-use host::{
+use gpufeed::testing::{poison, random_floats, verify};
+use gpufeed::{
     Device, DeviceBuffer, Error, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, PooledBuffer,
     Result, Stream,
 };
@@ -66,7 +66,7 @@ pub struct Comparison {
     pub plan_mismatches: Vec<usize>,
     /// Elements checked in each checked run: all of them, or for heavy
     /// kernels (n * k over 4e9 FMAs) the first and last 4096 plus a million
-    /// drawn uniformly (`host::testing::verify`).
+    /// drawn uniformly (`gpufeed::testing::verify`).
     pub checked: usize,
     /// Repetitions behind each median.
     pub reps: usize,
@@ -191,7 +191,7 @@ pub async fn compare(
                 poison(output.as_mut_slice());
             }
             let t = Instant::now();
-            let job = pipeline.run(input, output, kernel, plan, host::Timeline::Off);
+            let job = pipeline.run(input, output, kernel, plan, gpufeed::Timeline::Off);
             let issued = ms(t);
             let ((i, o), _) = job.await?;
             if rep > 0 {
@@ -457,7 +457,7 @@ pub fn compare_sync_async(size: usize) -> Result<Comparison> {
         reps: 10,
         with_bound: true,
     };
-    let c = host::block_on(compare(
+    let c = gpufeed::block_on(compare(
         &device,
         &pool,
         &pipeline,

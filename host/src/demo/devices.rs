@@ -3,7 +3,7 @@
 //! access). `host multi-gpu` (multi_gpu.rs) measures what they do.
 
 use super::report::Meta;
-use host::{Device, Error, Result};
+use gpufeed::{Device, Error, Result};
 use serde::Serialize;
 use std::path::Path;
 
@@ -89,7 +89,7 @@ pub fn topology(devices: &[Device]) -> Result<Topology> {
         .ok_or_else(|| Error::InvalidArgument("no device".into()))?;
     Ok(Topology {
         meta: Meta::new(first),
-        host_numa_nodes: host::online_nodes(),
+        host_numa_nodes: gpufeed::online_nodes(),
         devices: out,
     })
 }

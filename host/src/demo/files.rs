@@ -11,7 +11,7 @@
 //! read through the code under test).
 
 use super::report::{cell, median, write_json, Meta};
-use host::{Device, DeviceBuffer, FileIo, Staging};
+use gpufeed::{Device, DeviceBuffer, FileIo, Staging};
 use serde::Serialize;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -93,7 +93,7 @@ fn random_words(n: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn evict(file: &File) -> host::Result<()> {
+fn evict(file: &File) -> gpufeed::Result<()> {
     file.sync_all()?;
     // SAFETY: advice on our own open descriptor.
     let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -131,7 +131,7 @@ fn cached_share(file: &File, len: usize) -> Option<f64> {
 /// The disk's own rate: one thread of 16 MiB `O_DIRECT` `pread`s of the
 /// whole file into an aligned buffer (`dd iflag=direct bs=16M`). `None`
 /// where the file system refuses `O_DIRECT`.
-fn disk_direct_gbps(path: &Path) -> host::Result<Option<f64>> {
+fn disk_direct_gbps(path: &Path) -> gpufeed::Result<Option<f64>> {
     let f = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -143,11 +143,11 @@ fn disk_direct_gbps(path: &Path) -> host::Result<Option<f64>> {
     let len = f.metadata()?.len();
     let chunk = 16usize << 20;
     let layout = std::alloc::Layout::from_size_align(chunk, 4096)
-        .map_err(|e| host::Error::Internal(e.to_string()))?;
+        .map_err(|e| gpufeed::Error::Internal(e.to_string()))?;
     // SAFETY: a non-zero size.
     let ptr = unsafe { std::alloc::alloc(layout) };
     if ptr.is_null() {
-        return Err(host::Error::Internal(
+        return Err(gpufeed::Error::Internal(
             "no memory for the O_DIRECT buffer".into(),
         ));
     }
@@ -173,7 +173,7 @@ fn disk_direct_gbps(path: &Path) -> host::Result<Option<f64>> {
     Ok(Some(at as f64 / secs / 1e9))
 }
 
-pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
+pub fn run(device: &Device, config: &Config, out: &Path) -> gpufeed::Result<()> {
     let n = config.bytes / 4;
     let bytes = n * 4;
     let words = random_words(n, 0xf11e5);
@@ -207,7 +207,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
                        cold: bool,
                        reps: usize,
                        dev: &mut DeviceBuffer<u32>|
-     -> host::Result<Row> {
+     -> gpufeed::Result<Row> {
         let mut runs = Vec::new();
         let mut verified = true;
         let mut way = String::new();
@@ -225,7 +225,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
                 (false, Some(_)) => "buffered".into(),
                 (false, None) => "-".into(),
             };
-            host::block_on(copy)?;
+            gpufeed::block_on(copy)?;
             runs.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
             dev.copy_to_host_sync(&mut back)?;
             verified &= back == words;
@@ -258,7 +258,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
         &mut dev,
     ) {
         Ok(row) => rows.push(row),
-        Err(host::Error::Io(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+        Err(gpufeed::Error::Io(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
             println!("   cold, O_DIRECT: refused here ({e})");
         }
         Err(e) => return Err(e),
@@ -359,7 +359,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<()> {
     let _ = std::fs::remove_file(&path);
     write_json(&out.join("files.json"), &results)?;
     if bad > 0 {
-        return Err(host::Error::Internal(format!(
+        return Err(gpufeed::Error::Internal(format!(
             "files: {bad} measurement(s) delivered wrong data"
         )));
     }

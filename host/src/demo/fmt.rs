@@ -1,7 +1,7 @@
 //! How the demonstration words its output: sizes, counts, ratios, and the
 //! names of things, which differ between a GPU and the CPU emulation.
 
-use host::{BackendKind, Device};
+use gpufeed::{BackendKind, Device};
 
 /// Bytes, human-readable and binary: `256 MiB`, `1.50 GiB`, `0 B`.
 pub fn bytes(n: impl Into<u64>) -> String {

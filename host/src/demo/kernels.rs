@@ -3,8 +3,8 @@
 
 use super::fmt::{elems, ms, Words};
 use super::report::{median, random_floats, write_json, Meta};
-use host::block_on;
-use host::{Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
+use gpufeed::block_on;
+use gpufeed::{Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
 use serde::Serialize;
 use std::path::Path;
 
@@ -58,10 +58,10 @@ fn on_device(
     stream: &Stream,
     x: &[f32],
     kernel: Kernel,
-) -> host::Result<PinnedBuffer<f32>> {
+) -> gpufeed::Result<PinnedBuffer<f32>> {
     let input = PinnedBuffer::from_slice(device, x)?;
     let mut output = PinnedBuffer::<f32>::new(device, x.len())?;
-    host::testing::poison(output.as_mut_slice());
+    gpufeed::testing::poison(output.as_mut_slice());
     let dev = DeviceBuffer::<f32>::new(device, x.len())?;
     let ((_, _, output), ()) = block_on(stream.run((input, dev, output), |c, (i, d, o)| {
         let d = d.view_mut();
@@ -72,7 +72,7 @@ fn on_device(
     Ok(output)
 }
 
-pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
+pub fn run(device: &Device, n: usize, json: Option<&Path>) -> gpufeed::Result<()> {
     let w = Words::of(device);
     let pb = super::progress::bar(4);
     pb.set_message("random input");
@@ -86,7 +86,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         let mut want = vec![0f32; n];
         par_chunks(&mut want, |off, c| {
             for (i, w) in c.iter_mut().enumerate() {
-                *w = host::testing::expected(kernel, x[off + i]);
+                *w = gpufeed::testing::expected(kernel, x[off + i]);
             }
         });
         let bad = mismatches(got.as_slice(), &want);
@@ -106,7 +106,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
     let xs = PinnedBuffer::from_slice(device, &x)?;
     let ys = PinnedBuffer::from_slice(device, &y)?;
     let mut out = PinnedBuffer::<f32>::new(device, n)?;
-    host::testing::poison(out.as_mut_slice());
+    gpufeed::testing::poison(out.as_mut_slice());
     let (dx, dy) = (
         DeviceBuffer::<f32>::new(device, n)?,
         DeviceBuffer::<f32>::new(device, n)?,
@@ -212,7 +212,7 @@ pub fn run(device: &Device, n: usize, json: Option<&Path>) -> host::Result<()> {
         write_json(path, &res)?;
     }
     if res.checks.iter().any(|c| !c.bit_identical) {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "a kernel's result differs from the CPU".into(),
         ));
     }

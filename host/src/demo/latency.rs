@@ -11,14 +11,14 @@
 //! All include the same GPU part (the flag crossing PCIe, the kernel ending,
 //! the event firing), so their ratio is the price of the future. CPU cost:
 //! process CPU time per 4-byte copy, awaited, against the same copy done
-//! with [`host::Stream::run_sync`] (the driver's wait on the calling thread,
+//! with [`gpufeed::Stream::run_sync`] (the driver's wait on the calling thread,
 //! no completion thread involved). Rounds
 //! alternate the baseline and the executors, so a drift of this shared
 //! machine hits all alike. Each wait mode runs in its own device handle.
 
 use super::fmt::Words;
 use super::report::{percentile, Meta};
-use host::{
+use gpufeed::{
     Device, DeviceBuffer, MappedFlag, PinnedHost, PinnedPool, PooledBuffer, Stream, WaitMode,
 };
 use indicatif::ProgressBar;
@@ -41,8 +41,8 @@ pub enum Executor {
     TokioCurrentThread,
     /// `futures::executor::block_on` on a plain thread (thread park/unpark).
     BlockOn,
-    /// `host::block_on` on a plain thread: spins for the wake-up (up to
-    /// `host::SPIN`, on 4+ cores), then parks.
+    /// `gpufeed::block_on` on a plain thread: spins for the wake-up (up to
+    /// `gpufeed::SPIN`, on 4+ cores), then parks.
     HostBlockOn,
 }
 
@@ -161,7 +161,7 @@ fn cpu_time() -> Duration {
 /// part of its time charged to the next block (seen on the H200 machine:
 /// time moved from awaited blocks into the next ones). After the pause
 /// every helper thread is asleep and its time is exact.
-fn measured<T>(f: impl FnOnce() -> host::Result<T>) -> host::Result<(T, Duration, Duration)> {
+fn measured<T>(f: impl FnOnce() -> gpufeed::Result<T>) -> gpufeed::Result<(T, Duration, Duration)> {
     let pause = Duration::from_millis(2);
     std::thread::sleep(pause);
     let (cpu0, w0) = (cpu_time(), Instant::now());
@@ -187,14 +187,14 @@ const MODES: [WaitMode; 3] = [WaitMode::Spin, WaitMode::Blocking, WaitMode::Poll
 pub const STEPS: u64 = (MODES.len() * (WAKE_ROUNDS + CPU_ROUNDS)) as u64;
 
 pub fn run(
-    base: &host::DeviceOptions,
+    base: &gpufeed::DeviceOptions,
     samples: usize,
     progress: &ProgressBar,
-) -> host::Result<Results> {
+) -> gpufeed::Result<Results> {
     let mut modes = Vec::new();
     let mut meta = None;
     for mode in MODES {
-        let device = Device::open(host::DeviceOptions {
+        let device = Device::open(gpufeed::DeviceOptions {
             wait_mode: mode,
             ..*base
         })?;
@@ -204,7 +204,7 @@ pub fn run(
     let (spin, blocking) = match (modes.first(), modes.get(1)) {
         (Some(s), Some(b)) => (s, b),
         _ => {
-            return Err(host::Error::InvalidArgument(
+            return Err(gpufeed::Error::InvalidArgument(
                 "a wait mode did not run".into(),
             ))
         }
@@ -231,7 +231,7 @@ pub fn run(
         awaited,
     };
     Ok(Results {
-        meta: meta.ok_or_else(|| host::Error::InvalidArgument("no mode ran".into()))?,
+        meta: meta.ok_or_else(|| gpufeed::Error::InvalidArgument("no mode ran".into()))?,
         modes,
         summary,
     })
@@ -245,7 +245,7 @@ struct Executors {
 }
 
 impl Executors {
-    fn new() -> host::Result<Self> {
+    fn new() -> gpufeed::Result<Self> {
         Ok(Executors {
             multi: tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -264,26 +264,26 @@ impl Executors {
     fn run<T: Send + 'static>(
         &self,
         ex: Executor,
-        fut: impl Future<Output = host::Result<T>> + Send + 'static,
-    ) -> host::Result<T> {
+        fut: impl Future<Output = gpufeed::Result<T>> + Send + 'static,
+    ) -> gpufeed::Result<T> {
         match ex {
             Executor::TokioMultiThread => Self::spawned(&self.multi, fut),
             Executor::TokioMultiThread2 => Self::spawned(&self.multi2, fut),
             Executor::TokioCurrentThread => self.current.block_on(fut),
             Executor::BlockOn => futures::executor::block_on(fut),
-            Executor::HostBlockOn => host::block_on(fut),
+            Executor::HostBlockOn => gpufeed::block_on(fut),
         }
     }
 
     /// Spawned, so the task runs on a worker, not on this thread.
     fn spawned<T: Send + 'static>(
         rt: &tokio::runtime::Runtime,
-        fut: impl Future<Output = host::Result<T>> + Send + 'static,
-    ) -> host::Result<T> {
+        fut: impl Future<Output = gpufeed::Result<T>> + Send + 'static,
+    ) -> gpufeed::Result<T> {
         rt.block_on(async move {
             tokio::spawn(fut)
                 .await
-                .map_err(|e| host::Error::InvalidArgument(format!("latency task: {e}")))?
+                .map_err(|e| gpufeed::Error::InvalidArgument(format!("latency task: {e}")))?
         })
     }
 }
@@ -297,7 +297,7 @@ async fn wake_awaited(
     gate: Arc<MappedFlag>,
     warm: usize,
     n: usize,
-) -> host::Result<Vec<f64>> {
+) -> gpufeed::Result<Vec<f64>> {
     let mut v = Vec::with_capacity(n);
     for i in 0..warm + n {
         gate.set(0);
@@ -314,8 +314,8 @@ async fn wake_awaited(
 }
 
 /// `n` round trips to the echo thread (no GPU): the hand-offs alone.
-async fn echoes(tx: mpsc::Sender<oneshot::Sender<()>>, n: usize) -> host::Result<()> {
-    let gone = || host::Error::InvalidArgument("the echo thread stopped".into());
+async fn echoes(tx: mpsc::Sender<oneshot::Sender<()>>, n: usize) -> gpufeed::Result<()> {
+    let gone = || gpufeed::Error::InvalidArgument("the echo thread stopped".into());
     for _ in 0..n {
         let (s, r) = oneshot::channel();
         tx.send(s).map_err(|_| gone())?;
@@ -330,7 +330,7 @@ fn wake_synced(
     gate: &Arc<MappedFlag>,
     warm: usize,
     n: usize,
-) -> host::Result<Vec<f64>> {
+) -> gpufeed::Result<Vec<f64>> {
     let mut v = Vec::with_capacity(n);
     for i in 0..warm + n {
         gate.set(0);
@@ -365,7 +365,7 @@ impl Block {
 }
 
 /// `n` awaited 4-byte copies, each reusing the same two buffers.
-async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
+async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> gpufeed::Result<Bundle> {
     for _ in 0..n {
         (b, ()) = stream.copy_h2d(b.0, b.1).await?;
     }
@@ -374,7 +374,7 @@ async fn copies_awaited(stream: Stream, mut b: Bundle, n: usize) -> host::Result
 
 /// The same copies, each waited for with `cuEventSynchronize` on this
 /// thread (`run_sync`: no completion thread involved).
-fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> host::Result<Bundle> {
+fn copies_synced(stream: &Stream, mut b: Bundle, n: usize) -> gpufeed::Result<Bundle> {
     for _ in 0..n {
         (b, ()) = stream.run_sync(b, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()))?;
     }
@@ -386,7 +386,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(300);
 
 /// Process CPU time over wall time while a job held by a closed gate is
 /// awaited (the thread awaiting it parks): the watcher's share of a core.
-fn waiting_core_share(stream: &Stream, gate: &Arc<MappedFlag>) -> host::Result<f64> {
+fn waiting_core_share(stream: &Stream, gate: &Arc<MappedFlag>) -> gpufeed::Result<f64> {
     gate.set(0);
     let job = stream.run(gate.clone(), |c, g| c.gate(g));
     let (_, cpu, wall) = measured(|| {
@@ -397,7 +397,7 @@ fn waiting_core_share(stream: &Stream, gate: &Arc<MappedFlag>) -> host::Result<f
         });
         let r = futures::executor::block_on(job);
         let _ = opener.join();
-        r.map_err(host::Error::from)
+        r.map_err(gpufeed::Error::from)
     })?;
     Ok(cpu.as_secs_f64() / wall.as_secs_f64())
 }
@@ -407,7 +407,7 @@ fn run_mode(
     mode: WaitMode,
     samples: usize,
     progress: &ProgressBar,
-) -> host::Result<ModeResult> {
+) -> gpufeed::Result<ModeResult> {
     let ex = Executors::new()?;
     let stream = Stream::new(device)?;
     let gate = Arc::new(MappedFlag::new(device)?);

@@ -4,7 +4,7 @@
 
 use super::fmt::{bytes, size, Words};
 use super::report::{write_json, Meta};
-use host::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, PoolStats, Stream};
+use gpufeed::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, PoolStats, Stream};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,7 +67,7 @@ pub fn run(
     device: &Device,
     cfg: Config,
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let Config {
         tasks,
         streams,
@@ -80,7 +80,7 @@ pub fn run(
     }
     let streams: Vec<Stream> = (0..streams.max(1))
         .map(|_| Stream::new(device))
-        .collect::<host::Result<_>>()?;
+        .collect::<gpufeed::Result<_>>()?;
     let max_n = 1 << 20;
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let (jobs, elements, bad) = (
@@ -106,10 +106,10 @@ pub fn run(
                 while Instant::now() < deadline {
                     let n = rng.usize(1_000..max_n);
                     let mut input = pool.alloc::<f32>(n)?;
-                    host::testing::random_floats(input.as_mut_slice(), rng.u64(..));
+                    gpufeed::testing::random_floats(input.as_mut_slice(), rng.u64(..));
                     // Poisoned: a pooled block may hold an earlier job's answer.
                     let mut output = pool.alloc::<f32>(n)?;
-                    host::testing::poison(output.as_mut_slice());
+                    gpufeed::testing::poison(output.as_mut_slice());
                     let kernel = if rng.bool() {
                         Kernel::Scale { s: 0.75 }
                     } else {
@@ -129,14 +129,14 @@ pub fn run(
                         .iter()
                         .zip(output.as_slice())
                         .filter(|(x, y)| {
-                            host::testing::expected(kernel, **x).to_bits() != y.to_bits()
+                            gpufeed::testing::expected(kernel, **x).to_bits() != y.to_bits()
                         })
                         .count();
                     bad.fetch_add(wrong as u64, Ordering::Relaxed);
                     elements.fetch_add(n as u64, Ordering::Relaxed);
                     jobs.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok::<_, host::Error>(())
+                Ok::<_, gpufeed::Error>(())
             }));
         }
         let sampler = {
@@ -165,11 +165,11 @@ pub fn run(
         };
         for h in handles {
             h.await
-                .map_err(|e| host::Error::InvalidArgument(format!("load task: {e}")))??;
+                .map_err(|e| gpufeed::Error::InvalidArgument(format!("load task: {e}")))??;
         }
         sampler
             .await
-            .map_err(|e| host::Error::InvalidArgument(format!("sampler: {e}")))
+            .map_err(|e| gpufeed::Error::InvalidArgument(format!("sampler: {e}")))
     })?;
     pb.finish_and_clear();
     let first = samples
@@ -215,7 +215,7 @@ pub fn run(
     );
     write_json(&out.join("load.json"), &res)?;
     if res.mismatches > 0 || res.pool_in_use_at_end > 0 || res.jobs == 0 {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "load test failed: wrong results or leaked pool memory".into(),
         ));
     }

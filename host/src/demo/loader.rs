@@ -1,5 +1,5 @@
 //! `host loader`: batches of rows gathered by index from an ordinary `Vec`
-//! (shuffled: random rows) to the device by [`host::Loader`], on the host
+//! (shuffled: random rows) to the device by [`gpufeed::Loader`], on the host
 //! and, with the `Vec` pinned in place, on the device, against the pinned
 //! copy of the same bytes in the same run.
 //!
@@ -9,7 +9,7 @@
 
 use super::fmt::size;
 use super::report::{cell, median, write_json, Meta};
-use host::{
+use gpufeed::{
     block_on, epoch_indices, Device, DeviceBuffer, Gather, Loader, LoaderConfig, PinnedHost,
     PinnedPool, Registered, RowSource, Stream,
 };
@@ -32,7 +32,7 @@ pub struct Config {
 
 impl Config {
     pub fn for_device(device: &Device, small: bool) -> Config {
-        if small || device.kind() == host::BackendKind::Cpu {
+        if small || device.kind() == gpufeed::BackendKind::Cpu {
             Config {
                 array_bytes: 16 << 20,
                 row_bytes: 4096,
@@ -116,7 +116,7 @@ fn words(n: usize) -> Vec<u32> {
     v
 }
 
-pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results> {
+pub fn run(device: &Device, config: &Config, out: &Path) -> gpufeed::Result<Results> {
     let row_len = (config.row_bytes / 4).max(1);
     let n_rows = (config.array_bytes / 4 / row_len).max(1);
     let data = words(n_rows * row_len);
@@ -197,7 +197,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     };
     write_json(&out.join("loader.json"), &results)?;
     if bad > 0 {
-        return Err(host::Error::Internal(format!(
+        return Err(gpufeed::Error::Internal(format!(
             "loader: {bad} batch size(s) delivered wrong data"
         )));
     }
@@ -215,7 +215,7 @@ fn measure(
     lc: &LoaderConfig,
     reps: usize,
     pinned_gbps: f64,
-) -> host::Result<Row> {
+) -> gpufeed::Result<Row> {
     let order = epoch_indices(n_rows, lc, 0);
     loader.start_epoch(0, 0);
     let (mut verified, mut seen, mut got) = (true, 0, Vec::new());
@@ -283,7 +283,7 @@ fn pinned_rate(
     len: usize,
     batches: usize,
     reps: usize,
-) -> host::Result<f64> {
+) -> gpufeed::Result<f64> {
     let mut src = pool.alloc::<u32>(len)?;
     src.as_mut_slice().fill(3);
     let mut dev = DeviceBuffer::<u32>::new(device, len)?;
@@ -293,7 +293,7 @@ fn pinned_rate(
         for _ in 0..batches {
             let ((s, d), ()) = stream
                 .run_sync((src, dev), |c, (s, d)| c.copy_h2d(s.host(), d.view_mut()))
-                .map_err(host::Error::from)?;
+                .map_err(gpufeed::Error::from)?;
             (src, dev) = (s, d);
         }
         gbps.push((len * 4 * batches) as f64 / t.elapsed().as_secs_f64() / 1e9);

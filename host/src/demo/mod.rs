@@ -22,7 +22,7 @@ pub mod staging;
 pub mod wait_path;
 pub mod waits;
 
-use host::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
+use gpufeed::{BackendKind, Device, DeviceOptions, Kernel, PinnedPool, Pipeline};
 use report::{write_csv, write_json, Meta};
 use serde::Serialize;
 use std::path::Path;
@@ -106,7 +106,7 @@ impl Scale {
 struct CompareFile<'a> {
     meta: Meta,
     comparisons: &'a [compare::Comparison],
-    pool: host::PoolStats,
+    pool: gpufeed::PoolStats,
 }
 
 #[derive(Serialize)]
@@ -119,7 +119,7 @@ struct SweepFile<'a> {
 struct TimelineFile<'a> {
     meta: Meta,
     n: usize,
-    plan: host::Plan,
+    plan: gpufeed::Plan,
     chunks: &'a [pipeline::TimelineRow],
 }
 
@@ -132,7 +132,7 @@ pub async fn compare(
     cases: &[(usize, Kernel)],
     reps: usize,
     out: &Path,
-) -> host::Result<Vec<compare::Comparison>> {
+) -> gpufeed::Result<Vec<compare::Comparison>> {
     println!(
         "\ncompare_sync_async: sync = one stream, each step awaited; async = the array cut into"
     );
@@ -160,7 +160,7 @@ pub async fn compare(
         &pipeline::peer_json(device, &comps),
     )?;
     if comps.iter().any(|c| !c.verified) {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "a pipelined result differs from the CPU reference".into(),
         ));
     }
@@ -174,7 +174,7 @@ pub async fn sweep(
     pipe: &Pipeline,
     sizes: &[usize],
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let pb = progress::bar(sizes.len() as u64);
     let rows = pipeline::sweep(device, pool, pipe, sizes, &pb).await?;
     pb.finish_and_clear();
@@ -189,7 +189,7 @@ pub async fn sweep(
     pipeline::write_sweep_csv(&out.join("sweep.csv"), &rows)?;
     pipeline::plot_sweep(&out.join("time_vs_size.svg"), &rows, &device.info().name)?;
     if rows.iter().any(|c| !c.verified) {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "a sweep result differs from the CPU reference".into(),
         ));
     }
@@ -202,9 +202,9 @@ pub async fn timeline(
     pool: &PinnedPool,
     pipe: &Pipeline,
     n: usize,
-    plan: host::Plan,
+    plan: gpufeed::Plan,
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     println!(
         "one pipelined run of {} floats ({plan}), every chunk's steps timed by events:",
         fmt::elems(n)
@@ -224,14 +224,14 @@ pub async fn timeline(
 
 /// The devices the multi-device parts use: every device of the backend; on
 /// the CPU emulation at least two emulated ones.
-fn all_devices(opts: &DeviceOptions) -> host::Result<Vec<Device>> {
+fn all_devices(opts: &DeviceOptions) -> gpufeed::Result<Vec<Device>> {
     let mut opts = *opts;
     opts.emulated_devices = opts.emulated_devices.max(2);
     Device::all(opts)
 }
 
 /// `host topology`.
-pub fn topology(opts: &DeviceOptions, out: &Path) -> host::Result<()> {
+pub fn topology(opts: &DeviceOptions, out: &Path) -> gpufeed::Result<()> {
     let devices = all_devices(opts)?;
     let t = devices::topology(&devices)?;
     devices::print_topology(&t);
@@ -239,7 +239,7 @@ pub fn topology(opts: &DeviceOptions, out: &Path) -> host::Result<()> {
 }
 
 /// `host multi-gpu`.
-pub async fn multi_gpu(opts: &DeviceOptions, small: bool, out: &Path) -> host::Result<()> {
+pub async fn multi_gpu(opts: &DeviceOptions, small: bool, out: &Path) -> gpufeed::Result<()> {
     let devices = all_devices(opts)?;
     multi_gpu::run(&devices, small, out).await.map(|_| ())
 }
@@ -250,7 +250,7 @@ pub fn bandwidth(
     max: usize,
     alloc_sizes: &[usize],
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let pb = progress::bar((bandwidth::sizes(max).len() + alloc_sizes.len()) as u64);
     let res = bandwidth::run(device, max, alloc_sizes, &pb)?;
     pb.finish_and_clear();
@@ -307,7 +307,7 @@ pub fn bandwidth(
 }
 
 /// `host latency`.
-pub fn latency(opts: &DeviceOptions, samples: usize, out: &Path) -> host::Result<()> {
+pub fn latency(opts: &DeviceOptions, samples: usize, out: &Path) -> gpufeed::Result<()> {
     let pb = progress::bar(latency::STEPS);
     let res = latency::run(opts, samples, &pb)?;
     pb.finish_and_clear();
@@ -322,7 +322,7 @@ pub fn full(
     opts: &DeviceOptions,
     small: bool,
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let t0 = std::time::Instant::now();
     let scale = Scale::for_device(device, small);
     if device.kind() == BackendKind::Cpu {
@@ -360,10 +360,10 @@ pub fn full(
     small::part(rt, device, &small::Config::for_device(device, small), out)?;
     let pool = PinnedPool::new(device);
     let pipe = Pipeline::new(device, 8)?;
-    println!("\n== waiting for a pipeline: parking at once vs host::block_on");
+    println!("\n== waiting for a pipeline: parking at once vs gpufeed::block_on");
     waits::run(device, scale.waits_n, scale.waits_runs, out)?;
     println!("\n== overlap");
-    let comps = host::block_on(compare(
+    let comps = gpufeed::block_on(compare(
         device,
         &pool,
         &pipe,
@@ -372,16 +372,16 @@ pub fn full(
         out,
     ))?;
     println!("\n== size sweep");
-    host::block_on(sweep(device, &pool, &pipe, &scale.sweep, out))?;
+    gpufeed::block_on(sweep(device, &pool, &pipe, &scale.sweep, out))?;
     let plan = comps
         .iter()
         .find(|c| c.n == scale.timeline_n && matches!(c.kernel, Kernel::Scale { .. }))
-        .map_or(host::Plan::auto(scale.timeline_n), |c| c.plan);
+        .map_or(gpufeed::Plan::auto(scale.timeline_n), |c| c.plan);
     println!("\n== timeline");
-    host::block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
+    gpufeed::block_on(timeline(device, &pool, &pipe, scale.timeline_n, plan, out))?;
     println!("\n== fewer bytes: bf16 on the wire (a user's kernel crate), SAXPY with two inputs");
     let small_sizes = small || device.kind() == BackendKind::Cpu;
-    host::block_on(bytes::run(
+    gpufeed::block_on(bytes::run(
         device,
         &pool,
         &pipe,
@@ -391,7 +391,7 @@ pub fn full(
         out,
     ))?;
     println!("\n== several devices: each alone and all at once, one array spread over all of them");
-    host::block_on(multi_gpu(opts, small, out))?;
+    gpufeed::block_on(multi_gpu(opts, small, out))?;
     let s = pool.stats();
     let w = fmt::Words::of(device);
     println!(

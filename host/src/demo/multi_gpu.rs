@@ -9,7 +9,7 @@ use super::fmt::{elems, ms as fmt_ms};
 use super::plots;
 use super::report::{median, random_floats, write_json, Meta};
 use futures::future::join_all;
-use host::{
+use gpufeed::{
     BackendKind, Device, DeviceBuffer, Error, Job, Kernel, MultiPipeline, PinnedHost, PinnedPool,
     Plan, PooledBuffer, Result, Stream,
 };
@@ -290,7 +290,7 @@ async fn spread(
         // The warm-up is the checked run, into an output poisoned beforehand
         // (a pooled block may hold an earlier run's answer).
         if rep == 0 {
-            host::testing::poison(output.as_mut_slice());
+            gpufeed::testing::poison(output.as_mut_slice());
         }
         let t = Instant::now();
         let ((i, o), _) = multi
@@ -300,7 +300,7 @@ async fn spread(
         if rep > 0 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         } else {
-            let (checked, bad) = host::testing::verify(kernel, i.as_slice(), o.as_slice());
+            let (checked, bad) = gpufeed::testing::verify(kernel, i.as_slice(), o.as_slice());
             verified = checked == n && bad == 0;
         }
         (input, output) = (i, o);
@@ -457,7 +457,7 @@ pub async fn run(devices: &[Device], small: bool, out: &Path) -> Result<MultiRes
     }
 
     let mut numa = Vec::new();
-    let nodes = host::online_nodes();
+    let nodes = gpufeed::online_nodes();
     if nodes.len() > 1 {
         for (i, d) in devices.iter().enumerate() {
             let Some(right) = d.numa_node() else { continue };

@@ -4,7 +4,7 @@ use super::compare::{compare, Comparison, Spec, Verdict};
 use super::fmt::{elems, faster_or_slower, Words};
 use super::plots::{self, Axis, Bar, Label, Series};
 use super::report::{cell, write_csv};
-use host::{Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
+use gpufeed::{Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
 use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::Path;
@@ -64,7 +64,7 @@ pub async fn compare_all(
     pipeline: &Pipeline,
     cases: &[(usize, Kernel)],
     reps: usize,
-) -> host::Result<Vec<Comparison>> {
+) -> gpufeed::Result<Vec<Comparison>> {
     let w = Words::of(device);
     let specs: Vec<Spec> = cases
         .iter()
@@ -104,7 +104,7 @@ pub async fn sweep(
     pipeline: &Pipeline,
     sizes: &[usize],
     progress: &ProgressBar,
-) -> host::Result<Vec<Comparison>> {
+) -> gpufeed::Result<Vec<Comparison>> {
     let mut out = Vec::new();
     for &n in sizes {
         progress.set_message(format!("{} floats", elems(n)));
@@ -214,7 +214,7 @@ struct SweepCsv {
     verified: bool,
 }
 
-pub fn write_sweep_csv(path: &Path, rows: &[Comparison]) -> host::Result<()> {
+pub fn write_sweep_csv(path: &Path, rows: &[Comparison]) -> gpufeed::Result<()> {
     let c4 = |v: f64| cell(v, 4);
     write_csv(
         path,
@@ -236,7 +236,7 @@ pub fn write_sweep_csv(path: &Path, rows: &[Comparison]) -> host::Result<()> {
     )
 }
 
-pub fn plot_sweep(path: &Path, rows: &[Comparison], backend: &str) -> host::Result<()> {
+pub fn plot_sweep(path: &Path, rows: &[Comparison], backend: &str) -> gpufeed::Result<()> {
     plots::lines(
         path,
         &format!("H2D + scale + D2H: time against size — {backend}"),
@@ -278,29 +278,29 @@ pub async fn timeline(
     n: usize,
     plan: Plan,
     svg: &Path,
-) -> host::Result<Vec<TimelineRow>> {
+) -> gpufeed::Result<Vec<TimelineRow>> {
     let mut input = pool.alloc::<f32>(n)?;
-    host::testing::random_floats(input.as_mut_slice(), 5);
+    gpufeed::testing::random_floats(input.as_mut_slice(), 5);
     let output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 1.5 };
     // Warm-up, then the recorded run.
     let ((input, mut output), _) = pipeline
         .run(input, output, kernel, plan, Timeline::Off)
         .await?;
-    host::testing::poison(output.as_mut_slice());
+    gpufeed::testing::poison(output.as_mut_slice());
     let ((input, output), info) = pipeline
         .run(input, output, kernel, plan, Timeline::Record)
         .await?;
-    let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
+    let (checked, bad) = gpufeed::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "timeline run produced wrong results".into(),
         ));
     }
     let chunks = info.timeline.unwrap_or_default();
     let first = chunks
         .first()
-        .ok_or_else(|| host::Error::InvalidArgument("no events".into()))?;
+        .ok_or_else(|| gpufeed::Error::InvalidArgument("no events".into()))?;
     let origin = &first.events[0];
     let mut rows = Vec::new();
     for c in &chunks {
@@ -314,7 +314,7 @@ pub async fn timeline(
             t,
         });
     }
-    let lanes: Vec<String> = if matches!(plan.layout, host::Layout::Engines { .. }) {
+    let lanes: Vec<String> = if matches!(plan.layout, gpufeed::Layout::Engines { .. }) {
         [
             "copy-in stream · H2D",
             "compute stream · kernel",
@@ -368,7 +368,7 @@ pub fn peer_json(device: &Device, comps: &[Comparison]) -> serde_json::Value {
             "median_ms": c.sync_ms, "min_ms": null, "reps": c.reps, "verified": c.sync_verified, "best": true}));
         for ((p, ms), verified) in c.plans.iter().zip(&c.plan_verified) {
             results.push(serde_json::json!({"n": c.n, "kernel": kernel, "k": k, "mode": "pipelined", "chunks": p.chunks, "streams": p.streams_used(), "buffers": p.slots(), "ramp": p.ramp,
-                "chain": matches!(p.layout, host::Layout::RoundRobin { chain: true, .. }),
+                "chain": matches!(p.layout, gpufeed::Layout::RoundRobin { chain: true, .. }),
                 "layout": p.layout.name(),
                 "median_ms": ms, "min_ms": null, "reps": c.reps, "verified": verified, "best": *p == c.plan}));
         }

@@ -4,8 +4,8 @@
 use plotters::prelude::*;
 use std::path::Path;
 
-fn err(e: impl std::fmt::Display) -> host::Error {
-    host::Error::InvalidArgument(format!("plot: {e}"))
+fn err(e: impl std::fmt::Display) -> gpufeed::Error {
+    gpufeed::Error::InvalidArgument(format!("plot: {e}"))
 }
 
 /// One named series of (x, y) points.
@@ -80,7 +80,7 @@ fn legend<DB: DrawingBackend>(
     entries: &[(&str, RGBColor)],
     per_row: usize,
     boxes: bool,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let (w, _) = area.dim_in_pixel();
     let per_row = per_row.max(1) as i32;
     let col = (w as i32 - 100) / per_row;
@@ -115,7 +115,7 @@ pub fn lines(
     y: Axis,
     log_y: bool,
     series: &[Series],
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let all: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.points.iter().copied())
@@ -206,7 +206,7 @@ pub fn timeline(
     x_desc: &str,
     lanes: &[String],
     bars: &[Bar],
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let end = bars.iter().map(|b| b.end).fold(0.0, f64::max).max(1e-3);
     let plot_h = 120 + 34 * lanes.len() as u32;
     let root = SVGBackend::new(path, (1100, plot_h + legend_height(3, 3))).into_drawing_area();

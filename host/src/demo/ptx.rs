@@ -1,9 +1,9 @@
 //! `host ptx`: show the PTX that build.rs compiled from `gpu-kernels`.
 
-use host::ptx;
+use gpufeed::ptx;
 use std::path::Path;
 
-pub fn run(out: Option<&Path>) -> host::Result<()> {
+pub fn run(out: Option<&Path>) -> gpufeed::Result<()> {
     match out {
         Some(path) => {
             std::fs::write(path, ptx::PTX)?;

@@ -8,14 +8,14 @@ use std::path::Path;
 pub struct Meta {
     pub date: String,
     pub commit: &'static str,
-    pub backend: host::BackendKind,
+    pub backend: gpufeed::BackendKind,
     pub device: String,
     pub driver: Option<String>,
     pub ptx_target: &'static str,
 }
 
 impl Meta {
-    pub fn new(device: &host::Device) -> Meta {
+    pub fn new(device: &gpufeed::Device) -> Meta {
         let info = device.info();
         Meta {
             date: utc_now(),
@@ -23,7 +23,7 @@ impl Meta {
             backend: info.backend,
             device: info.name.clone(),
             driver: info.driver.clone(),
-            ptx_target: host::ptx::ARCH,
+            ptx_target: gpufeed::ptx::ARCH,
         }
     }
 }
@@ -53,12 +53,12 @@ pub fn utc_now() -> String {
 }
 
 /// Writes `value` as pretty JSON, creating the directory.
-pub fn write_json(path: &Path, value: &impl Serialize) -> host::Result<()> {
+pub fn write_json(path: &Path, value: &impl Serialize) -> gpufeed::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let text = serde_json::to_string_pretty(value)
-        .map_err(|e| host::Error::InvalidArgument(e.to_string()))?;
+        .map_err(|e| gpufeed::Error::InvalidArgument(e.to_string()))?;
     std::fs::write(path, text)?;
     announce(path);
     Ok(())
@@ -82,8 +82,11 @@ pub fn written() -> usize {
 
 /// Writes `rows` as CSV with a header from their field names (the `csv`
 /// crate); `None` fields are empty cells.
-pub fn write_csv<R: Serialize>(path: &Path, rows: impl IntoIterator<Item = R>) -> host::Result<()> {
-    let err = |e: csv::Error| host::Error::InvalidArgument(format!("{}: {e}", path.display()));
+pub fn write_csv<R: Serialize>(
+    path: &Path,
+    rows: impl IntoIterator<Item = R>,
+) -> gpufeed::Result<()> {
+    let err = |e: csv::Error| gpufeed::Error::InvalidArgument(format!("{}: {e}", path.display()));
     let mut w = csv::Writer::from_path(path).map_err(err)?;
     for r in rows {
         w.serialize(r).map_err(err)?;
@@ -125,6 +128,6 @@ pub fn percentile(v: &[f64], p: f64) -> f64 {
 /// Fresh random floats in [-1, 1), never zero (the library's generator).
 pub fn random_floats(n: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0f32; n];
-    host::testing::random_floats(&mut v, seed);
+    gpufeed::testing::random_floats(&mut v, seed);
     v
 }

@@ -1,6 +1,6 @@
 //! `host small-transfers`: many small copies, 4 KiB to 4 MiB, one and 64 in
 //! flight, in copies per second and GB/s, both directions: awaited jobs and
-//! [`host::Stream::run_sync`] against raw driver copies of the same sizes in
+//! [`gpufeed::Stream::run_sync`] against raw driver copies of the same sizes in
 //! the same run (and, through `bench/peers/torch_small.py`, against
 //! PyTorch's `non_blocking` copies of pinned tensors).
 //!
@@ -11,7 +11,7 @@
 //!   each copy is waited for in the driver on the calling thread before the
 //!   next is issued.
 //! - `awaited_1`: `stream.run(pair, ..).await` per copy, in a loop, run by
-//!   [`host::block_on`] on the calling thread (which spins for the wake-up
+//!   [`gpufeed::block_on`] on the calling thread (which spins for the wake-up
 //!   before it parks), as every awaited mode but the next.
 //! - `awaited_1_tokio`: the same loop on the demonstration's tokio runtime
 //!   (`Runtime::block_on`, whose thread parks at once).
@@ -46,7 +46,7 @@ use super::fmt::{size, Words};
 use super::report::{cell, median, write_csv, write_json, Meta};
 use cudarc::driver::sys;
 use futures::stream::{FuturesUnordered, StreamExt};
-use host::{
+use gpufeed::{
     Commands, Device, DeviceBuffer, Job, PinnedHost, PinnedPool, PooledBuffer, Stream, Transfer,
 };
 use indicatif::ProgressBar;
@@ -88,7 +88,7 @@ impl Config {
     /// are a memory-bound half second a round of memcpy there), rounds of
     /// about 2 ms, 3 of them, so CI stays fast.
     pub fn for_device(device: &Device, small: bool) -> Config {
-        if small || device.kind() == host::BackendKind::Cpu {
+        if small || device.kind() == gpufeed::BackendKind::Cpu {
             Config {
                 sizes: SIZES.iter().copied().filter(|&b| b <= 1 << 20).collect(),
                 rounds: 3,
@@ -216,7 +216,7 @@ impl Mode {
     fn long(self) -> &'static str {
         match self {
             Mode::RunSync1 => "run_sync, 1 in flight",
-            Mode::Awaited1 => "awaited (host::block_on), 1 in flight",
+            Mode::Awaited1 => "awaited (gpufeed::block_on), 1 in flight",
             Mode::Awaited1Tokio => "awaited (tokio), 1 in flight",
             Mode::Raw1 => "raw driver copy + stream sync, 1 in flight",
             Mode::Awaited64 => "awaited, 64 jobs in flight (window)",
@@ -381,7 +381,7 @@ struct Slot {
 }
 
 /// The one copy of a slot, in a batch.
-fn issue<'a>(c: &mut Commands<'a>, s: &'a mut Slot, dir: Direction) -> host::Result<()> {
+fn issue<'a>(c: &mut Commands<'a>, s: &'a mut Slot, dir: Direction) -> gpufeed::Result<()> {
     let Slot { host, dev, .. } = s;
     match dir {
         Direction::H2d => c.copy_h2d(host.host(), dev.view_mut()),
@@ -408,7 +408,7 @@ fn run_sync_1(
     slots: Vec<Slot>,
     dir: Direction,
     copies: usize,
-) -> host::Result<(Vec<Slot>, Duration)> {
+) -> gpufeed::Result<(Vec<Slot>, Duration)> {
     let mut q: VecDeque<Slot> = slots.into();
     let t = Instant::now();
     for _ in 0..copies {
@@ -425,7 +425,7 @@ async fn awaited_1(
     slots: Vec<Slot>,
     dir: Direction,
     copies: usize,
-) -> host::Result<(Vec<Slot>, Duration)> {
+) -> gpufeed::Result<(Vec<Slot>, Duration)> {
     let mut q: VecDeque<Slot> = slots.into();
     let t = Instant::now();
     for _ in 0..copies {
@@ -444,13 +444,13 @@ async fn awaited_window(
     slots: Vec<Slot>,
     dir: Direction,
     copies: usize,
-) -> host::Result<(Vec<Slot>, Duration)> {
+) -> gpufeed::Result<(Vec<Slot>, Duration)> {
     let t = Instant::now();
     let mut next = streams.iter().cycle();
     let mut issue_next = |s: Slot| {
         next.next()
             .map(|stream| job(stream, s, dir))
-            .ok_or_else(|| host::Error::InvalidArgument("a window over no stream".into()))
+            .ok_or_else(|| gpufeed::Error::InvalidArgument("a window over no stream".into()))
     };
     let mut done = Vec::with_capacity(slots.len());
     let mut pending = FuturesUnordered::new();
@@ -481,7 +481,7 @@ async fn awaited_batch(
     mut slots: Vec<Slot>,
     dir: Direction,
     copies: usize,
-) -> host::Result<(Vec<Slot>, Duration)> {
+) -> gpufeed::Result<(Vec<Slot>, Duration)> {
     let t = Instant::now();
     for _ in 0..copies / slots.len().max(1) {
         let jobs: Vec<_> = slots.into_iter().map(|s| job(stream, s, dir)).collect();
@@ -501,7 +501,7 @@ async fn awaited_one_job(
     dir: Direction,
     copies: usize,
     batched: bool,
-) -> host::Result<(Vec<Slot>, Duration)> {
+) -> gpufeed::Result<(Vec<Slot>, Duration)> {
     let t = Instant::now();
     for _ in 0..copies / slots.len().max(1) {
         (slots, ()) = stream
@@ -527,7 +527,7 @@ struct RawSet<'r> {
 }
 
 impl RawSet<'_> {
-    fn issue(&self, b: &raw::Buffers, dir: Direction) -> host::Result<()> {
+    fn issue(&self, b: &raw::Buffers, dir: Direction) -> gpufeed::Result<()> {
         // SAFETY: live driver allocations of b.bytes each, on this context's
         // stream; every copy is synchronized before the round returns, and
         // no host code touches the memory meanwhile.
@@ -545,7 +545,7 @@ impl RawSet<'_> {
         }
     }
 
-    fn sync(&self) -> host::Result<()> {
+    fn sync(&self) -> gpufeed::Result<()> {
         // SAFETY: our stream, alive while `raw` is.
         raw::check(
             unsafe { sys::cuStreamSynchronize(self.raw.stream) },
@@ -555,7 +555,7 @@ impl RawSet<'_> {
 
     /// `copies` copies: each synchronized (`batched == false`), or 64 issued
     /// and then one synchronize.
-    fn round(&self, dir: Direction, copies: usize, batched: bool) -> host::Result<Duration> {
+    fn round(&self, dir: Direction, copies: usize, batched: bool) -> gpufeed::Result<Duration> {
         let t = Instant::now();
         if batched {
             for _ in 0..copies / self.bufs.len().max(1) {
@@ -604,7 +604,7 @@ impl RawSet<'_> {
         dir: Direction,
         batched: bool,
         data: &mut Data,
-    ) -> host::Result<(bool, Duration)> {
+    ) -> gpufeed::Result<(bool, Duration)> {
         let n = self.bufs.len();
         let took;
         data.fresh();
@@ -658,11 +658,11 @@ struct Bench<'r> {
 
 impl Bench<'_> {
     /// One round of `copies` copies of `mode`.
-    fn round(&mut self, mode: Mode, dir: Direction, copies: usize) -> host::Result<Duration> {
+    fn round(&mut self, mode: Mode, dir: Direction, copies: usize) -> gpufeed::Result<Duration> {
         if mode.is_raw() {
             return match &self.raw {
                 Some(r) => r.round(dir, copies, mode == Mode::Raw64),
-                None => Err(host::Error::InvalidArgument(
+                None => Err(gpufeed::Error::InvalidArgument(
                     "raw driver copies without a driver".into(),
                 )),
             };
@@ -671,23 +671,23 @@ impl Bench<'_> {
         let stream = self.stream;
         let (slots, took) = match mode {
             Mode::RunSync1 => run_sync_1(stream, slots, dir, copies)?,
-            Mode::Awaited1 => host::block_on(awaited_1(stream, slots, dir, copies))?,
+            Mode::Awaited1 => gpufeed::block_on(awaited_1(stream, slots, dir, copies))?,
             Mode::Awaited1Tokio => self.rt.block_on(awaited_1(stream, slots, dir, copies))?,
-            Mode::Awaited64 => host::block_on(awaited_window(
+            Mode::Awaited64 => gpufeed::block_on(awaited_window(
                 std::slice::from_ref(stream),
                 slots,
                 dir,
                 copies,
             ))?,
             Mode::Awaited64Streams4 => {
-                host::block_on(awaited_window(self.streams, slots, dir, copies))?
+                gpufeed::block_on(awaited_window(self.streams, slots, dir, copies))?
             }
-            Mode::Awaited64Batch => host::block_on(awaited_batch(stream, slots, dir, copies))?,
+            Mode::Awaited64Batch => gpufeed::block_on(awaited_batch(stream, slots, dir, copies))?,
             Mode::Awaited64OneJob => {
-                host::block_on(awaited_one_job(stream, slots, dir, copies, false))?
+                gpufeed::block_on(awaited_one_job(stream, slots, dir, copies, false))?
             }
             Mode::Awaited64CopyBatch => {
-                host::block_on(awaited_one_job(stream, slots, dir, copies, true))?
+                gpufeed::block_on(awaited_one_job(stream, slots, dir, copies, true))?
             }
             Mode::Raw1 | Mode::Raw64 => (slots, Duration::ZERO),
         };
@@ -697,11 +697,11 @@ impl Bench<'_> {
 
     /// One round of 64 copies of `mode` (each buffer once) on fresh random
     /// data: whether every byte arrived, and how long the round took.
-    fn checked(&mut self, mode: Mode, dir: Direction) -> host::Result<(bool, Duration)> {
+    fn checked(&mut self, mode: Mode, dir: Direction) -> gpufeed::Result<(bool, Duration)> {
         if mode.is_raw() {
             return match self.raw.as_mut() {
                 Some(r) => r.checked(dir, mode == Mode::Raw64, &mut self.data),
-                None => Err(host::Error::InvalidArgument(
+                None => Err(gpufeed::Error::InvalidArgument(
                     "raw driver copies without a driver".into(),
                 )),
             };
@@ -739,7 +739,7 @@ impl Bench<'_> {
                 Direction::H2d => {
                     // The device's bytes, brought back into `check`.
                     let mut check = self.check.take().ok_or_else(|| {
-                        host::Error::InvalidArgument("small transfers: check buffer lost".into())
+                        gpufeed::Error::InvalidArgument("small transfers: check buffer lost".into())
                     })?;
                     scribble(check.as_mut_slice());
                     let ((check, s), ()) = self.stream.run_sync((check, s), |c, (k, s)| {
@@ -779,7 +779,7 @@ fn measure(
     cfg: &Config,
     bytes: usize,
     dir: Direction,
-) -> host::Result<Vec<Row>> {
+) -> gpufeed::Result<Vec<Row>> {
     let modes: Vec<Mode> = MODES
         .into_iter()
         .filter(|m| !m.is_raw() || bench.raw.is_some())
@@ -833,11 +833,13 @@ fn measure(
                 copies_per_round: 0,
                 rounds: 0,
                 verified: None,
-                note: Some(if bench.stream.device().kind() == host::BackendKind::Cpu {
-                    NO_RAW_CPU
-                } else {
-                    NO_RAW_CTX
-                }),
+                note: Some(
+                    if bench.stream.device().kind() == gpufeed::BackendKind::Cpu {
+                        NO_RAW_CPU
+                    } else {
+                        NO_RAW_CTX
+                    },
+                ),
             },
         };
         rows.push(row);
@@ -881,18 +883,18 @@ pub fn run(
     device: &Device,
     cfg: &Config,
     progress: &ProgressBar,
-) -> host::Result<Results> {
+) -> gpufeed::Result<Results> {
     if cfg.rounds == 0 {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "small transfers: --rounds must be at least 1".into(),
         ));
     }
     let streams = (0..STREAMS)
         .map(|_| Stream::new(device))
-        .collect::<host::Result<Vec<_>>>()?;
+        .collect::<gpufeed::Result<Vec<_>>>()?;
     let stream = streams
         .first()
-        .ok_or_else(|| host::Error::InvalidArgument("no stream".into()))?;
+        .ok_or_else(|| gpufeed::Error::InvalidArgument("no stream".into()))?;
     let pool = PinnedPool::new(device);
     let raw = raw::Raw::new(device);
     // Fresh data every run.
@@ -904,7 +906,7 @@ pub fn run(
     let mut locked = true;
     for &bytes in &cfg.sizes {
         if bytes == 0 || bytes % 8 != 0 {
-            return Err(host::Error::InvalidArgument(format!(
+            return Err(gpufeed::Error::InvalidArgument(format!(
                 "small transfers: {bytes} bytes is not a positive multiple of 8"
             )));
         }
@@ -924,7 +926,7 @@ pub fn run(
                 raw: r,
                 bufs: (0..IN_FLIGHT)
                     .map(|_| r.buffers(bytes))
-                    .collect::<host::Result<_>>()?,
+                    .collect::<gpufeed::Result<_>>()?,
                 keys: vec![0; IN_FLIGHT],
             }),
             None => None,
@@ -948,13 +950,13 @@ pub fn run(
     }
     let raw_note = match (&raw, device.kind()) {
         (Some(_), _) => None,
-        (None, host::BackendKind::Cpu) => Some(NO_RAW_CPU),
+        (None, gpufeed::BackendKind::Cpu) => Some(NO_RAW_CPU),
         (None, _) => Some(NO_RAW_CTX),
     };
     Ok(Results {
         meta: Meta::new(device),
         peer: "host-rust",
-        executor: "host::block_on on the calling thread (awaited_1_tokio: a tokio multi-thread runtime's Runtime::block_on)",
+        executor: "gpufeed::block_on on the calling thread (awaited_1_tokio: a tokio multi-thread runtime's Runtime::block_on)",
         locked,
         raw_note,
         ratios: ratios(&rows),
@@ -992,7 +994,7 @@ pub fn print(res: &Results) {
     );
     println!("  run_sync 1  each copy waited for on the calling thread (Stream::run_sync) before the next");
     println!(
-        "  awaited 1   each copy a job, awaited before the next (host::block_on; every awaited"
+        "  awaited 1   each copy a job, awaited before the next (gpufeed::block_on; every awaited"
     );
     println!("              mode runs there but tokio 1: the same on tokio's Runtime::block_on)");
     println!(
@@ -1091,7 +1093,7 @@ pub fn part(
     device: &Device,
     cfg: &Config,
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let pb = super::progress::bar((cfg.sizes.len() * DIRECTIONS.len()) as u64);
     let res = run(rt, device, cfg, &pb)?;
     pb.finish_and_clear();
@@ -1138,7 +1140,7 @@ pub fn part(
         )?;
     }
     if res.rows.iter().any(|r| r.verified == Some(false)) {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "small transfers: a copy brought back wrong bytes".into(),
         ));
     }

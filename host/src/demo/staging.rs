@@ -20,7 +20,7 @@
 use super::fmt::size;
 use super::plots;
 use super::report::{cell, median, write_json, Meta};
-use host::{
+use gpufeed::{
     Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Pipeline, Plan, Registered, Route,
     Staging, StagingConfig, Stream, Timeline,
 };
@@ -60,7 +60,7 @@ pub struct Config {
 
 impl Config {
     pub fn for_device(device: &Device, small: bool) -> Config {
-        if small || device.kind() == host::BackendKind::Cpu {
+        if small || device.kind() == gpufeed::BackendKind::Cpu {
             Config {
                 sizes: vec![64 << 10, 1 << 20, 16 << 20, 64 << 20],
                 reps: 3,
@@ -280,13 +280,13 @@ impl Sources {
 
 /// Pinned memory and device memory of one size, moved through jobs.
 struct Bufs {
-    pinned: host::PooledBuffer<u32>,
+    pinned: gpufeed::PooledBuffer<u32>,
     dev: DeviceBuffer<u32>,
 }
 
 impl Bufs {
     /// The pinned copy, one way or the other, of the whole buffers.
-    fn pinned_copy(self, stream: &Stream, h2d: bool) -> host::Result<Bufs> {
+    fn pinned_copy(self, stream: &Stream, h2d: bool) -> gpufeed::Result<Bufs> {
         let ((pinned, dev), ()) = stream
             .run_sync((self.pinned, self.dev), |c, (p, d)| {
                 if h2d {
@@ -295,19 +295,19 @@ impl Bufs {
                     c.copy_d2h(d.view(), p.host_mut())
                 }
             })
-            .map_err(host::Error::from)?;
+            .map_err(gpufeed::Error::from)?;
         Ok(Bufs { pinned, dev })
     }
 
     /// Puts `src` on the device through pinned memory (untimed set-up).
-    fn upload(mut self, stream: &Stream, src: &[u32]) -> host::Result<Bufs> {
+    fn upload(mut self, stream: &Stream, src: &[u32]) -> gpufeed::Result<Bufs> {
         self.pinned.as_mut_slice().copy_from_slice(src);
         self.pinned_copy(stream, true)
     }
 
     /// Whether the device holds exactly `want`, read back through pinned
     /// memory poisoned first.
-    fn check(mut self, stream: &Stream, want: &[u32]) -> host::Result<(Bufs, bool)> {
+    fn check(mut self, stream: &Stream, want: &[u32]) -> gpufeed::Result<(Bufs, bool)> {
         self.pinned.as_mut_slice().fill(POISON);
         let b = self.pinned_copy(stream, false)?;
         let ok = same(b.pinned.as_slice(), want);
@@ -400,8 +400,8 @@ impl Case<'_> {
         mut bufs: Bufs,
         prep: Prep,
         t: &mut Timed,
-        copy: impl FnOnce(&[u32], &mut Vec<u32>, Bufs) -> host::Result<Bufs>,
-    ) -> host::Result<Bufs> {
+        copy: impl FnOnce(&[u32], &mut Vec<u32>, Bufs) -> gpufeed::Result<Bufs>,
+    ) -> gpufeed::Result<Bufs> {
         let src = self.src.get(rep, self.n);
         let mut own = Vec::new();
         settle(self.settle_ms);
@@ -427,8 +427,8 @@ impl Case<'_> {
         out: &mut Vec<u32>,
         lands: Lands,
         t: &mut Timed,
-        copy: impl FnOnce(&mut Vec<u32>, Bufs) -> host::Result<Bufs>,
-    ) -> host::Result<Bufs> {
+        copy: impl FnOnce(&mut Vec<u32>, Bufs) -> gpufeed::Result<Bufs>,
+    ) -> gpufeed::Result<Bufs> {
         let src = self.src.get(rep, self.n);
         bufs = bufs.upload(self.stream, src)?;
         out.par_chunks_mut(1 << 16).for_each(|c| c.fill(POISON));
@@ -452,7 +452,7 @@ fn engine(
     device: &Device,
     route: Route,
     shape: Option<(usize, usize, usize)>,
-) -> host::Result<Staging> {
+) -> gpufeed::Result<Staging> {
     let mut c = StagingConfig::for_device(device);
     c.route = route;
     if let Some((threads, block_bytes, blocks)) = shape {
@@ -480,7 +480,7 @@ fn h2d_by(
     s: &[u32],
     own: &mut Vec<u32>,
     mut b: Bufs,
-) -> host::Result<Bufs> {
+) -> gpufeed::Result<Bufs> {
     match path {
         Path4::Pageable => b.dev.copy_from_host_sync(s)?,
         Path4::RegisterCopy => {
@@ -489,7 +489,7 @@ fn h2d_by(
             let reg = Registered::new(device, std::mem::take(own))?;
             let ((reg, dev), ()) = stream
                 .run_sync((reg, b.dev), |c, (r, d)| c.copy_h2d(r.host(), d.view_mut()))
-                .map_err(host::Error::from)?;
+                .map_err(gpufeed::Error::from)?;
             b.dev = dev;
             drop(reg.into_inner());
         }
@@ -509,14 +509,14 @@ fn d2h_by(
     engines: &[Staging; 2],
     o: &mut Vec<u32>,
     mut b: Bufs,
-) -> host::Result<Bufs> {
+) -> gpufeed::Result<Bufs> {
     match path {
         Path4::Pageable => b.dev.copy_to_host_sync(o)?,
         Path4::RegisterCopy => {
             let reg = Registered::new(device, std::mem::take(o))?;
             let ((reg, dev), ()) = stream
                 .run_sync((reg, b.dev), |c, (r, d)| c.copy_d2h(d.view(), r.host_mut()))
-                .map_err(host::Error::from)?;
+                .map_err(gpufeed::Error::from)?;
             b.dev = dev;
             *o = reg.into_inner();
         }
@@ -527,7 +527,7 @@ fn d2h_by(
     Ok(b)
 }
 
-pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results> {
+pub fn run(device: &Device, config: &Config, out: &Path) -> gpufeed::Result<Results> {
     let max = config
         .sizes
         .iter()
@@ -651,7 +651,7 @@ pub fn run(device: &Device, config: &Config, out: &Path) -> host::Result<Results
     write_json(&out.join("staging.json"), &results)?;
     plot(device, &results, out)?;
     if bad > 0 {
-        return Err(host::Error::Internal(format!(
+        return Err(gpufeed::Error::Internal(format!(
             "staging: {bad} measurement(s) delivered wrong data (marked !)"
         )));
     }
@@ -667,7 +667,7 @@ fn pipeline_row(
     pool: &PinnedPool,
     src: &Sources,
     config: &Config,
-) -> host::Result<Option<PipelineRow>> {
+) -> gpufeed::Result<Option<PipelineRow>> {
     let Some(bytes) = config.sizes.iter().copied().filter(|&b| b <= 1 << 30).max() else {
         return Ok(None);
     };
@@ -691,7 +691,7 @@ fn pipeline_row(
         y.par_chunks_mut(1 << 16).for_each(|c| c.fill(f32::NAN));
         settle(config.settle_ms);
         let t0 = Instant::now();
-        host::block_on(pipe.run_slices(&staging, &x, &mut y, |c, chunk| {
+        gpufeed::block_on(pipe.run_slices(&staging, &x, &mut y, |c, chunk| {
             c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)?;
             c.kernel(Kernel::Scale { s: 3.0 }, chunk.output::<f32>(0)?)
         }))?;
@@ -704,7 +704,7 @@ fn pipeline_row(
             .for_each(|c| c.fill(f32::NAN));
         settle(config.settle_ms);
         let t1 = Instant::now();
-        let ((px, py), _) = host::block_on(pipe.run(
+        let ((px, py), _) = gpufeed::block_on(pipe.run(
             pin_x,
             pin_y,
             Kernel::Scale { s: 3.0 },
@@ -749,7 +749,7 @@ fn sweep(
     pool: &PinnedPool,
     src: &Sources,
     config: &Config,
-) -> host::Result<Vec<SweepRow>> {
+) -> gpufeed::Result<Vec<SweepRow>> {
     if config.sweep_bytes == 0 {
         return Ok(vec![]);
     }
@@ -780,7 +780,7 @@ fn sweep(
             s.map(|shape| engine(device, Route::Staged, Some(shape)))
                 .transpose()
         })
-        .collect::<host::Result<Vec<Option<Staging>>>>()?;
+        .collect::<gpufeed::Result<Vec<Option<Staging>>>>()?;
     let n = config.sweep_bytes / 4;
     let case = Case {
         stream,
@@ -875,7 +875,7 @@ fn sweep(
     Ok(rows)
 }
 
-fn plot(device: &Device, r: &Results, out: &Path) -> host::Result<()> {
+fn plot(device: &Device, r: &Results, out: &Path) -> gpufeed::Result<()> {
     let mut series = Vec::new();
     let names = [
         (Path4::Pageable, "driver, pageable"),

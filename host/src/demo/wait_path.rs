@@ -7,10 +7,10 @@
 //! - `event_query`: + `cuEventRecord`, then `cuEventQuery` in a loop;
 //! - `handoff_sync`: + `cuEventRecord`; another (spinning) thread waits with
 //!   `cuEventSynchronize` and sets a flag the issuing thread spins on: the
-//!   shape of our watcher and `host::block_on`, in plain driver calls;
+//!   shape of our watcher and `gpufeed::block_on`, in plain driver calls;
 //! - `handoff_query`: the same, the other thread looping on `cuEventQuery`;
 //! - `ours_run_sync`: `Stream::run_sync` with `copy_h2d`;
-//! - `ours_awaited`: `host::block_on(stream.run(.. copy_h2d ..))`.
+//! - `ours_awaited`: `gpufeed::block_on(stream.run(.. copy_h2d ..))`.
 //!
 //! Each way: microseconds per copy (median of rounds of `copies` copies),
 //! and of that the time to issue (the driver calls, or `stream.run`
@@ -21,7 +21,7 @@
 use super::bandwidth::raw::{self, check};
 use super::report::{median, write_json, Meta};
 use cudarc::driver::sys;
-use host::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, Stream};
+use gpufeed::{Device, DeviceBuffer, PinnedBuffer, PinnedHost, Stream};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,19 +79,19 @@ struct Helper {
     query: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<host::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<gpufeed::Result<()>>>,
 }
 
 impl Helper {
-    fn start(raw: &raw::Raw) -> host::Result<Helper> {
+    fn start(raw: &raw::Raw) -> gpufeed::Result<Helper> {
         let slot = Arc::new(AtomicUsize::new(0));
         let query = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let (s, q, d, st) = (slot.clone(), query.clone(), done.clone(), stop.clone());
         let ctx = raw.context();
-        let thread = std::thread::spawn(move || -> host::Result<()> {
-            ctx.bind_to_thread().map_err(|e| host::Error::Driver {
+        let thread = std::thread::spawn(move || -> gpufeed::Result<()> {
+            ctx.bind_to_thread().map_err(|e| gpufeed::Error::Driver {
                 call: "cuCtxSetCurrent",
                 code: format!("{:?}", e.0),
             })?;
@@ -130,14 +130,14 @@ impl Helper {
     }
 
     /// Hands `ev` over and spins until the helper says it is done.
-    fn wait(&self, ev: sys::CUevent, query: bool) -> host::Result<()> {
+    fn wait(&self, ev: sys::CUevent, query: bool) -> gpufeed::Result<()> {
         self.query.store(query, Ordering::Relaxed);
         self.done.store(false, Ordering::Relaxed);
         self.slot.store(ev as usize, Ordering::Release);
         let t = Instant::now();
         while !self.done.load(Ordering::Acquire) {
             if t.elapsed().as_secs() > 10 {
-                return Err(host::Error::Internal(
+                return Err(gpufeed::Error::Internal(
                     "the wait-path helper thread stopped answering".into(),
                 ));
             }
@@ -164,7 +164,7 @@ fn raw_round(
     helper: &Helper,
     way: Way,
     copies: usize,
-) -> host::Result<(f64, f64)> {
+) -> gpufeed::Result<(f64, f64)> {
     let t = Instant::now();
     let mut issue = 0.0;
     for _ in 0..copies {
@@ -205,7 +205,7 @@ pub fn run(
     copies: usize,
     rounds: usize,
     out: &Path,
-) -> host::Result<()> {
+) -> gpufeed::Result<()> {
     let Some(r) = raw::Raw::new(device) else {
         println!("wait-path: plain driver calls need a CUDA device; not measured on this backend");
         return Ok(());
@@ -232,7 +232,7 @@ pub fn run(
                     Way::OursRunSync => {
                         let mut p = pair
                             .take()
-                            .ok_or_else(|| host::Error::Internal("lost the buffers".into()))?;
+                            .ok_or_else(|| gpufeed::Error::Internal("lost the buffers".into()))?;
                         let t = Instant::now();
                         for _ in 0..copies {
                             (p, ()) = stream
@@ -244,14 +244,14 @@ pub fn run(
                     Way::OursAwaited => {
                         let mut p = pair
                             .take()
-                            .ok_or_else(|| host::Error::Internal("lost the buffers".into()))?;
+                            .ok_or_else(|| gpufeed::Error::Internal("lost the buffers".into()))?;
                         let t = Instant::now();
                         let mut issue = 0.0;
                         for _ in 0..copies {
                             let t0 = Instant::now();
                             let job = stream.run(p, |c, (h, d)| c.copy_h2d(h.host(), d.view_mut()));
                             issue += t0.elapsed().as_secs_f64();
-                            (p, ()) = host::block_on(job)?;
+                            (p, ()) = gpufeed::block_on(job)?;
                         }
                         pair = Some(p);
                         (t.elapsed().as_secs_f64(), Some(issue))

@@ -3,9 +3,9 @@
 //! times by three executors on the calling thread, the runs interleaved:
 //!
 //! - `futures::executor::block_on`: the thread parks at once;
-//! - `host::block_on`: it spins for the wake-up (up to `host::SPIN`), then
+//! - `gpufeed::block_on`: it spins for the wake-up (up to `gpufeed::SPIN`), then
 //!   parks;
-//! - `host::block_on_spinning(.., 0)`: parks at once (our executor, no
+//! - `gpufeed::block_on_spinning(.., 0)`: parks at once (our executor, no
 //!   spin: separates the spin from the executor).
 //!
 //! Per executor: the median, the 90th percentile and the worst run, and how
@@ -14,7 +14,7 @@
 //! mode of slow runs.
 
 use super::report::{median, write_json, Meta};
-use host::{Device, Kernel, PinnedPool, Pipeline, Plan};
+use gpufeed::{Device, Kernel, PinnedPool, Pipeline, Plan};
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -48,11 +48,11 @@ struct Results {
 }
 
 /// Runs `runs` rounds (after one warm-up round), each executor once per round.
-pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<()> {
+pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> gpufeed::Result<()> {
     let pool = PinnedPool::new(device);
     let pipe = Pipeline::new(device, 4)?;
     let mut input = pool.alloc::<f32>(n)?;
-    host::testing::random_floats(input.as_mut_slice(), 11);
+    gpufeed::testing::random_floats(input.as_mut_slice(), 11);
     let mut output = pool.alloc::<f32>(n)?;
     let kernel = Kernel::Scale { s: 2.0 };
     let plan = Plan::auto(n);
@@ -66,14 +66,14 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
         for (k, &e) in executors.iter().enumerate() {
             // The last run is the checked one: its output poisoned first.
             if round == runs && k == executors.len() - 1 {
-                host::testing::poison(output.as_mut_slice());
+                gpufeed::testing::poison(output.as_mut_slice());
             }
             let t = Instant::now();
-            let job = pipe.run(input, output, kernel, plan, host::Timeline::Off);
+            let job = pipe.run(input, output, kernel, plan, gpufeed::Timeline::Off);
             let ((i, o), _) = match e {
                 Executor::FuturesBlockOn => futures::executor::block_on(job)?,
-                Executor::HostBlockOn => host::block_on(job)?,
-                Executor::HostBlockOnNoSpin => host::block_on_spinning(job, Duration::ZERO)?,
+                Executor::HostBlockOn => gpufeed::block_on(job)?,
+                Executor::HostBlockOnNoSpin => gpufeed::block_on_spinning(job, Duration::ZERO)?,
             };
             if round > 0 {
                 times[k].push(t.elapsed().as_secs_f64() * 1e3);
@@ -81,9 +81,9 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
             (input, output) = (i, o);
         }
     }
-    let (checked, bad) = host::testing::verify(kernel, input.as_slice(), output.as_slice());
+    let (checked, bad) = gpufeed::testing::verify(kernel, input.as_slice(), output.as_slice());
     if bad > 0 || checked == 0 {
-        return Err(host::Error::InvalidArgument(
+        return Err(gpufeed::Error::InvalidArgument(
             "the waits' pipeline produced wrong results".into(),
         ));
     }
@@ -109,9 +109,9 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
         super::fmt::elems(n)
     );
     println!(
-        "host::block_on spins {:?} here (zero on fewer than {} cores)",
-        host::spin_here(),
-        host::SPIN_MIN_CORES
+        "gpufeed::block_on spins {:?} here (zero on fewer than {} cores)",
+        gpufeed::spin_here(),
+        gpufeed::SPIN_MIN_CORES
     );
     println!(
         "{:<38} {:>9} {:>9} {:>9} {:>12}",
@@ -120,8 +120,8 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
     for r in &rows {
         let name = match r.executor {
             Executor::FuturesBlockOn => "futures::executor::block_on (parks)",
-            Executor::HostBlockOn => "host::block_on (spin, then park)",
-            Executor::HostBlockOnNoSpin => "host::block_on_spinning(.., 0) (parks)",
+            Executor::HostBlockOn => "gpufeed::block_on (spin, then park)",
+            Executor::HostBlockOnNoSpin => "gpufeed::block_on_spinning(.., 0) (parks)",
         };
         println!(
             "{name:<38} {:>6.3} ms {:>6.3} ms {:>6.3} ms {:>7} of {}",
@@ -134,7 +134,7 @@ pub fn run(device: &Device, n: usize, runs: usize, out: &Path) -> host::Result<(
             meta: Meta::new(device),
             n,
             plan,
-            spin_ms: host::spin_here().as_secs_f64() * 1e3,
+            spin_ms: gpufeed::spin_here().as_secs_f64() * 1e3,
             rows,
         },
     )

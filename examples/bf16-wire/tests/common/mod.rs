@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use bf16_wire::bf16;
-use host::{
+use gpufeed::{
     Commands, Device, DeviceBuffer, DeviceSlice, DeviceSliceMut, PinnedBuffer, PinnedHost, Stream,
 };
 
@@ -159,7 +159,7 @@ pub fn random_inputs(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut v: Vec<f32> = (0..n / 2).map(|_| f32::from_bits(rng.u32(..))).collect();
     let mut floats = vec![0f32; n - n / 2];
-    host::testing::random_floats(&mut floats, seed);
+    gpufeed::testing::random_floats(&mut floats, seed);
     v.extend(floats);
     v
 }
@@ -174,7 +174,7 @@ where
         &mut Commands<'a>,
         DeviceSlice<'a, TI>,
         DeviceSliceMut<'a, TO>,
-    ) -> host::Result<()>,
+    ) -> gpufeed::Result<()>,
 {
     let n = input.len();
     let stream = Stream::new(device).unwrap();

@@ -1,0 +1,111 @@
+//! # gpufeed — feed a GPU from the host, fast and hard to get wrong
+//!
+//! - [`PinnedBuffer`], [`Registered`], [`PinnedPool`]: page-locked host
+//!   memory, allocated, pinned in place, or on loan from a stream-aware cache.
+//! - [`Stream`], [`Event`], [`Job`]: device work as runtime-agnostic futures.
+//!   Jobs own their buffers until the GPU is done, so memory in flight can't
+//!   be touched or freed; dropping a job defers the release to completion.
+//! - [`Pipeline`]: chunked H2D → kernel → D2H over several streams, so the
+//!   copy engines and the SMs work at once.
+//! - [`Loader`]: batches of rows gathered by index into pinned blocks and
+//!   sent ahead of their use, as a `Stream` (a training loop's feeder).
+//! - Two backends behind one API ([`Device`]): the CUDA driver (loaded at
+//!   run time through cudarc) and a CPU emulation for machines without a GPU.
+//!
+//! The kernels are Rust (`gpu-kernels`), compiled to PTX by `build.rs`; see [`ptx`].
+//!
+//! ```no_run
+//! # async fn demo() -> gpufeed::Result<()> {
+//! use gpufeed::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Stream};
+//! let device = Device::from_env()?;
+//! let pool = PinnedPool::new(&device);
+//! let stream = Stream::new(&device)?;
+//! let mut input = pool.alloc::<f32>(1 << 20)?;
+//! input.as_mut_slice().fill(2.0);
+//! let output = pool.alloc::<f32>(1 << 20)?;
+//! let dev = DeviceBuffer::<f32>::new(&device, 1 << 20)?;
+//! // One batch: copy in, scale, copy out. The job owns the buffers until done;
+//! // every view a command takes is borrowed from the bundle.
+//! let ((input, dev, output), ()) = stream
+//!     .run((input, dev, output), |c, (i, d, o)| {
+//!         let d = d.view_mut();
+//!         c.copy_h2d(i.host(), d)?;
+//!         c.kernel(Kernel::Scale { s: 3.0 }, d)?;
+//!         c.copy_d2h(d, o.host_mut())
+//!     })
+//!     .await?;
+//! assert_eq!(output.as_slice()[0], 6.0);
+//! # drop((input, dev)); Ok(()) }
+//! ```
+
+mod backend;
+mod block;
+mod claim;
+mod completion;
+mod cpu;
+mod cuda;
+mod device;
+mod direct_io;
+mod error;
+mod fork;
+mod gds;
+pub mod guarantees;
+pub mod interop;
+mod kernel;
+mod loader;
+mod memory;
+mod multi;
+mod numa;
+mod open;
+mod pipeline;
+mod pool;
+pub mod ptx;
+mod ptx_entries;
+mod sliced;
+mod staging;
+mod stream;
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub mod testing;
+mod transfer;
+mod workers;
+
+pub use backend::{BackendKind, DeviceInfo, HostFlags};
+#[cfg(not(loom))]
+pub use block::block_on_for;
+pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
+pub use completion::Wait;
+pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
+pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
+pub use device::Device;
+pub use error::{Error, JobError, Result};
+pub use gds::{gds_status, GdsStatus};
+pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
+/// Kernel declarations: the macro, the parameter types, the thread indices.
+pub use kernel_abi;
+pub use loader::{
+    batches_per_epoch, epoch_indices, permutation, Batch, Gather, Loader, LoaderConfig,
+    LoaderStats, RowSource, MAX_WORLD_SIZE,
+};
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub use memory::MappedFlag;
+pub use memory::{
+    DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
+    Registered, MAX_HOST_ALIGN,
+};
+pub use multi::{MultiJob, MultiPipeline};
+pub use numa::online_nodes;
+pub use open::{BackendChoice, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
+pub use pipeline::{
+    Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo, Timeline,
+    AUTO_CHUNK_COST_BYTES, MAX_STREAMS,
+};
+pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
+pub use staging::{
+    cached_share, FileIo, FilePiece, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS,
+    DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS,
+    DIRECT_IO_ALIGN, MAX_STAGING_THREADS, PROBE_SAMPLES,
+};
+pub use stream::{Commands, Event, Job, Mark, Stream};
+pub use transfer::Transfer;
