@@ -5,7 +5,14 @@
 //! kernel-builder docs (`KERNEL_ARCH`, `KERNEL_PTX_ISA`, `HOST_PTX_STUB`).
 
 fn main() {
-    let built = kernel_builder::Builder::new("gpu-kernels")
+    // The kernel crate where cargo resolved it (this workspace's folder, a
+    // git checkout or the registry), its own dependency on kernel-abi
+    // resolved to the sources this build has.
+    let mut builder = kernel_builder::Builder::from_dependency("gpu_kernels", "gpu-kernels");
+    if let Some(abi) = std::env::var_os("DEP_KERNEL_ABI_MANIFEST_DIR") {
+        builder = builder.patch("gpufeed-kernel-abi", abi);
+    }
+    let built = builder
         .arch("sm_70")
         .export_arch("KERNEL_ARCH")
         .build_or_exit();

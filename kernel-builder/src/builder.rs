@@ -24,6 +24,7 @@ pub struct Builder {
     expect_entries: Vec<String>,
     allow_externs: bool,
     announce: bool,
+    patches: Vec<(String, PathBuf)>,
 }
 
 /// What a build produced.
@@ -86,7 +87,37 @@ impl Builder {
             expect_entries: Vec::new(),
             allow_externs: false,
             announce: true,
+            patches: Vec::new(),
         }
+    }
+
+    /// A build of a kernel crate that is also a dependency of the calling
+    /// crate, found where cargo put that dependency's sources: the directory
+    /// the dependency's build script published as `cargo:manifest_dir`
+    /// (visible here as `DEP_<LINKS>_MANIFEST_DIR`, `<LINKS>` its `links`
+    /// key, upper case). This is how a packaged crate builds its kernels: the
+    /// kernel crate comes from the registry, or a git checkout, or a path,
+    /// and the build follows it there. `fallback` (relative to the calling
+    /// crate) is used where the variable is absent.
+    pub fn from_dependency(links: &str, fallback: impl Into<PathBuf>) -> Builder {
+        let var = format!("DEP_{}_MANIFEST_DIR", links.to_uppercase().replace('-', "_"));
+        match std::env::var_os(&var) {
+            Some(dir) => Builder::new(PathBuf::from(dir)),
+            None => Builder::new(fallback),
+        }
+    }
+
+    /// Resolves the kernel crate's dependency `name` to the sources in `dir`
+    /// in the nested build (`--config patch.crates-io.<name>.path=<dir>`).
+    /// A kernel crate taken from a registry names its own dependencies by
+    /// version; patched to the sources the calling build already has, the
+    /// nested build needs no registry for them (and a crate that is not
+    /// published yet, as in `cargo package`'s verification, resolves).
+    /// Unused where the kernel crate names the dependency by path (cargo
+    /// warns of an unused patch, and the build goes on).
+    pub fn patch(mut self, name: impl Into<String>, dir: impl Into<PathBuf>) -> Builder {
+        self.patches.push((name.into(), dir.into()));
+        self
     }
 
     /// The architecture (`sm_70`, `sm_90`), unless `KERNEL_ARCH` overrides
@@ -256,7 +287,15 @@ impl Builder {
             .clone()
             .unwrap_or_else(|| kernels_target_dir(&out_dir))
             .join(knobs.dir_name());
-        let built = nested::build(env, &krate, &target_dir, &knobs, &lib, self.announce)?;
+        let built = nested::build(
+            env,
+            &krate,
+            &target_dir,
+            &knobs,
+            &lib,
+            &self.patches,
+            self.announce,
+        )?;
 
         let ptx_path = built.join(format!("{lib}.ptx"));
         let expect = ptx::Expect {

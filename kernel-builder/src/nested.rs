@@ -17,6 +17,7 @@ pub(crate) fn build(
     target_dir: &Path,
     knobs: &Knobs,
     lib: &str,
+    patches: &[(String, PathBuf)],
     announce: bool,
 ) -> Result<PathBuf> {
     let rustflags = knobs.encoded_rustflags();
@@ -37,6 +38,12 @@ pub(crate) fn build(
         &rustflags,
         env.keys().map(String::from),
     );
+    for (name, dir) in patches {
+        // A TOML string: the path's backslashes and quotes escaped.
+        let dir = dir.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+        cmd.arg("--config")
+            .arg(format!("patch.crates-io.{name}.path=\"{dir}\""));
+    }
     let output = cmd.output().map_err(|source| Error::Spawn {
         cargo: cargo.clone(),
         source,
