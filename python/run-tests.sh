@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds the `gpufeed` extension into a fresh local venv (python/.venv, made
-# anew each run) and runs its pytest suite. Needs only rustup, python3 (>= 3.11) and pip, with access to
+# Builds the `gpufeed` extension into a local venv (python/.venv) and runs its
+# pytest suite. The venv is kept between runs: made when missing, its pinned
+# test packages (re)installed only when the list below changes (a stamp file
+# records it), so a second run downloads nothing; the wheel is built and
+# installed anew each time (cargo rebuilds nothing when nothing changed). Needs only rustup, python3 (>= 3.11) and pip, with access to
 # PyPI. The CPU emulation is used unless a GPU is present (HOST_BACKEND wins
 # when set); REQUIRE_GPU=1 makes the GPU tests fail instead of skipping.
 set -euo pipefail
@@ -8,13 +11,18 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 py="${PYTHON:-python3}"
 venv="$here/.venv"
-# A fresh virtual environment each run: nothing left from an earlier run
-# (an older wheel, a package installed by hand) can make the tests pass.
-rm -rf "$venv"
-"$py" -m venv "$venv"
 vpy="$venv/bin/python"
-"$vpy" -m pip install --quiet --disable-pip-version-check \
-    "maturin==1.16.0" "numpy==2.2.6" "pytest==8.3.5" "safetensors==0.8.0"
+[ -x "$vpy" ] || "$py" -m venv "$venv"
+# The test packages, pinned; installed when the list differs from the one
+# the venv was last set up with. gpufeed itself is reinstalled every run
+# (--force-reinstall below), so an older wheel can't make the tests pass.
+reqs="maturin==1.16.0 numpy==2.2.6 pytest==8.3.5 safetensors==0.8.0"
+stamp="$venv/.gpufeed-test-packages"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$reqs" ]; then
+    # shellcheck disable=SC2086
+    "$vpy" -m pip install --quiet --disable-pip-version-check $reqs
+    echo "$reqs" > "$stamp"
+fi
 # PyTorch, for the loader's tests against torch.utils.data (DistributedSampler,
 # a 2-rank gloo run, the training example). PyPI's wheel: the only index these
 # machines reach (it brings CUDA libraries, unused without a GPU): about 2
@@ -22,9 +30,10 @@ vpy="$venv/bin/python"
 # it out and the tests that need it skip; with TEST_TORCH=1 (the default) they
 # fail if torch does not import, never skip.
 export TEST_TORCH="${TEST_TORCH:-1}"
-if [ "$TEST_TORCH" = 1 ]; then
+torch_pin="2.15.0"
+if [ "$TEST_TORCH" = 1 ] && [ "$("$vpy" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$torch_pin" ]; then
     t0=$SECONDS
-    "$vpy" -m pip install --quiet --disable-pip-version-check "torch==2.15.0"
+    "$vpy" -m pip install --quiet --disable-pip-version-check "torch==$torch_pin"
     echo "gpufeed tests: torch installed in $((SECONDS - t0)) s"
 fi
 # A debug build keeps CI short; the shared target dir avoids rebuilding `host`.
