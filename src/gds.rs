@@ -27,7 +27,9 @@ pub enum GdsStatus {
     /// version and storage flags): file reads of a CUDA device use it
     /// where the file's system is supported.
     Available {
+        /// The `nvidia-fs` driver's version (major, minor).
         nvfs_version: (u32, u32),
+        /// cuFile's `dstatusflags`: the storage kinds the driver supports.
         dstatusflags: u32,
     },
     /// The device is the CPU emulation.
@@ -43,7 +45,10 @@ pub enum GdsStatus {
     DriverOpenFailed(String),
     /// The driver opened in compatibility mode only (no `nvidia-fs`, no
     /// P2P DMA): its reads would be POSIX reads through bounce buffers.
-    CompatibilityModeOnly { nvfs_version: (u32, u32) },
+    CompatibilityModeOnly {
+        /// The `nvidia-fs` driver's version (major, minor).
+        nvfs_version: (u32, u32),
+    },
 }
 
 impl GdsStatus {

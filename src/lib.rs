@@ -38,6 +38,7 @@
 //! # drop((input, dev)); Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
 mod backend;
 mod block;
 mod claim;

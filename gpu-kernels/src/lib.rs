@@ -11,6 +11,7 @@
 //! Entry points are a few lines: read the thread's global index and the grid
 //! stride, then call the per-thread body from [`thread`], which is plain Rust
 //! over raw pointers and is tested on the host by simulating a grid.
+#![deny(missing_docs)]
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
 
