@@ -24,14 +24,14 @@
 //! return [`Error::BackendUnavailable`].
 
 use crate::backend::BackendKind;
-use crate::completion::Completion;
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::memory::{
+use crate::base::completion::Completion;
+use crate::base::error::{Error, Result};
+use crate::runtime::device::Device;
+use crate::runtime::memory::{
     device_slice_mut as raw_device_slice_mut, host_slice, host_slice_mut, DeviceBuffer,
     DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedHost,
 };
-use crate::stream::{Event, Stream};
+use crate::runtime::stream::{Event, Stream};
 use bytemuck::Pod;
 
 /// The device address of `buffer` (a host address on the CPU emulation).
@@ -620,7 +620,7 @@ fn release_wait(device: &Device, wait: &ReleaseWait) -> Result<()> {
 fn queue_release(job: ReleaseJob) {
     let pid = std::process::id();
     let job = {
-        let mut q = crate::completion::lock(&RELEASER);
+        let mut q = crate::base::completion::lock(&RELEASER);
         if q.as_ref().is_none_or(|(p, _)| *p != pid) {
             let (tx, rx) = std::sync::mpsc::channel::<ReleaseJob>();
             let spawned = std::thread::Builder::new()

@@ -7,7 +7,7 @@ use crate::device::{
     device_or_default, nbytes, parse_dtype_or_f32, parse_shape, Device, State, StateCell,
 };
 use crate::dtype::DType;
-use crate::{buffer_error, IntoPy};
+use crate::{convert::buffer_error, convert::IntoPy};
 use bytemuck::Pod;
 use gpufeed::interop::{cast_host, cast_host_mut, RegisteredRaw};
 use gpufeed::{HostSlice, HostSliceMut, PinnedArray, PinnedHost, PinnedPool, PooledBuffer};

@@ -8,9 +8,9 @@
 //! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
 //! them; an exception it raises stops the transfer and propagates.
 
+use crate::convert::IntoPy;
 use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
-use crate::IntoPy;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -86,7 +86,7 @@ pub(crate) fn open_error(path: &Path, e: std::io::Error) -> PyErr {
                 .to_string();
             PyOSError::new_err((code, strerror, path.as_os_str().to_os_string()))
         }
-        None => crate::os_error(&e, format!("{}: {e}", path.display())),
+        None => crate::convert::os_error(&e, format!("{}: {e}", path.display())),
     }
 }
 
@@ -196,7 +196,7 @@ fn finish_atomically(
 /// `ValueError` for a bad shape.
 #[pyfunction]
 #[pyo3(
-    signature = (path, dtype, shape=None, offset=crate::Count(0), device=None, direct=None, progress=None),
+    signature = (path, dtype, shape=None, offset=crate::convert::Count(0), device=None, direct=None, progress=None),
     text_signature = "(path, dtype, shape=None, offset=0, device=None, direct=None, progress=None)"
 )]
 #[allow(clippy::too_many_arguments)]
@@ -205,7 +205,7 @@ pub fn read_file(
     path: PathBuf,
     dtype: &Bound<'_, PyAny>,
     shape: Option<&Bound<'_, PyAny>>,
-    offset: crate::Count,
+    offset: crate::convert::Count,
     device: Option<&Device>,
     direct: Option<bool>,
     progress: Option<Bound<'_, PyAny>>,
@@ -570,7 +570,9 @@ pub fn load_safetensors<'py>(
         match a.state.take("the device array", |_| Ok(()))? {
             DevMem::Own(b) => bufs.push(b),
             DevMem::Foreign { .. } => {
-                return Err(crate::buffer_error("a fresh allocation that is not ours"))
+                return Err(crate::convert::buffer_error(
+                    "a fresh allocation that is not ours",
+                ))
             }
         }
     }

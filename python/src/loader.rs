@@ -24,11 +24,11 @@
 //! reads.
 
 use crate::buffer::ContiguousView;
+use crate::convert::Count;
+use crate::convert::IntoPy;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
 use crate::files::{safetensors_entries, SafetensorsEntry};
-use crate::Count;
-use crate::IntoPy;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -608,7 +608,9 @@ impl Producer {
                 }
             })
             .map_err(|e| {
-                crate::InternalError::new_err(format!("cannot start the loader's thread: {e}"))
+                crate::convert::InternalError::new_err(format!(
+                    "cannot start the loader's thread: {e}"
+                ))
             })?;
         Ok(Producer {
             commands,
@@ -787,7 +789,7 @@ impl Loader {
         };
         match &self.producer {
             Some(p) if p.commands.send(command).is_ok() => Ok(()),
-            _ => Err(crate::InternalError::new_err(
+            _ => Err(crate::convert::InternalError::new_err(
                 "the loader's thread has stopped",
             )),
         }
@@ -800,7 +802,7 @@ impl Loader {
         use std::sync::mpsc::RecvTimeoutError;
         let current = self.generation;
         let Some(p) = &mut self.producer else {
-            return Err(crate::InternalError::new_err(
+            return Err(crate::convert::InternalError::new_err(
                 "the loader's thread has stopped",
             ));
         };
@@ -813,7 +815,7 @@ impl Loader {
                 Ok(_) => continue, // a batch of an epoch left behind: freed here
                 Err(RecvTimeoutError::Timeout) => py.check_signals()?,
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(crate::InternalError::new_err(
+                    return Err(crate::convert::InternalError::new_err(
                         "the loader's thread has stopped",
                     ))
                 }
@@ -823,7 +825,7 @@ impl Loader {
 
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if std::process::id() != self.pid {
-            return Err(crate::InvalidArgumentError::new_err(
+            return Err(crate::convert::InvalidArgumentError::new_err(
                 "a Loader can't be used in a fork() child of the process that made it (its thread \
                  did not survive the fork): make one in the child",
             ));
@@ -841,7 +843,7 @@ impl Loader {
             }
             Message::Failed(e) => {
                 self.finished = true;
-                return Err(crate::to_py(e));
+                return Err(crate::convert::to_py(e));
             }
         };
         self.handed_out += 1;
