@@ -11,7 +11,6 @@
 # 3. The Python package installed into fresh venvs by `pip install ./python`
 #    and from the sdist `maturin sdist` makes, each importing and running a
 #    to_device/to_host round trip on the CPU emulation.
-# Needs the venv ./test.sh made (python/.venv, for maturin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -50,8 +49,10 @@ outside() { # <name> <dependency lines> [patch section]
 }
 # A git dependency on this commit (a clone of HEAD: what is committed).
 outside git "gpufeed = { git = \"file://$root\", rev = \"$(git rev-parse HEAD)\" }"
-# The packaged crates, unpacked as a registry would hand them over.
-pkg=$work/crates
+# The packaged crates, unpacked as a registry would hand them over: outside
+# this repository (a nested cargo build inside it would take its workspace).
+pkg=$(mktemp -d)/crates
+trap 'rm -rf "$(dirname "$pkg")"' EXIT
 mkdir -p "$pkg"
 for c in target/package/*.crate; do tar -xzf "$c" -C "$pkg"; done
 v=0.1.0
@@ -75,7 +76,8 @@ for how in checkout sdist; do
   if [ $how = checkout ]; then
     src=./python
   else
-    python/.venv/bin/maturin sdist --manifest-path python/Cargo.toml --out "$work/sdist" > /dev/null
+    "$work/venv-$how/bin/pip" install --quiet --disable-pip-version-check "maturin==1.16.0"
+    "$work/venv-$how/bin/maturin" sdist --manifest-path python/Cargo.toml --out "$work/sdist" > /dev/null
     src=$(ls "$work"/sdist/gpufeed-*.tar.gz)
   fi
   echo "package: pip install $src (fresh venv)"
