@@ -12,7 +12,10 @@
 //! stride, then call the per-thread body from [`thread`], which is plain Rust
 //! over raw pointers and is tested on the host by simulating a grid.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
 
 pub mod elementwise;
 pub mod thread;

@@ -65,6 +65,7 @@ pub enum Rmw<T> {
 impl<T: Arith> Rmw<T> {
     /// The new value from the old, or `None` (a compare-and-swap that fails).
     #[inline(always)]
+    #[cfg_attr(target_arch = "nvptx64", allow(dead_code))]
     fn apply(self, old: T) -> Option<T> {
         match self {
             Rmw::Add(v) => Some(T::add(old, v)),

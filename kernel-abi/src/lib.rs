@@ -85,7 +85,11 @@
 //! after another, as fast as before; see the `emu` design notes in
 //! [`thread::emulate_launch`]'s module.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
+)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 #![deny(missing_docs)]
 
 pub mod atomic;

@@ -109,11 +109,11 @@ pub unsafe fn cp_async16_unchecked<T: Plain>(
     #[cfg(all(target_arch = "nvptx64", not(target_feature = "sm_80")))]
     // SAFETY: as above; a 4-byte view of the same 16 bytes.
     unsafe {
-        let (x, y, z, w): (u32, u32, u32, u32);
         core::arch::asm!(
-            "ld.global.nc.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];",
-            "st.shared.v4.b32 [{d}], {{{x}, {y}, {z}, {w}}};",
-            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+            "{{", ".reg .u64 %ka_g;", "cvta.to.global.u64 %ka_g, {p};",
+            "ld.global.nc.v4.b32 {{{x}, {y}, {z}, {w}}}, [%ka_g];",
+            "st.shared.v4.b32 [{d}], {{{x}, {y}, {z}, {w}}};", "}}",
+            x = out(reg32) _, y = out(reg32) _, z = out(reg32) _, w = out(reg32) _,
             d = in(reg32) dst.shared_addr(i), p = in(reg64) p, options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]

@@ -257,14 +257,14 @@ impl<T: Plain> SharedArray<T> {
             let v: u32;
             // SAFETY: `a` is inside this array's shared memory (caller).
             unsafe {
-                core::arch::asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a, options(readonly, nostack))
+                core::arch::asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) a, options(pure, readonly, nostack))
             };
             T::from_bits(v as u64)
         } else {
             let v: u64;
             // SAFETY: as above.
             unsafe {
-                core::arch::asm!("ld.shared.b64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) a, options(readonly, nostack))
+                core::arch::asm!("ld.shared.b64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) a, options(pure, readonly, nostack))
             };
             T::from_bits(v)
         }
@@ -303,7 +303,7 @@ impl<T: Plain> SharedArray<T> {
             core::arch::asm!(
                 "ld.shared.v4.b32 {{{x}, {y}, {z}, {w}}}, [{a}];",
                 x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
-                a = in(reg32) a, options(readonly, nostack)
+                a = in(reg32) a, options(pure, readonly, nostack)
             )
         };
         [x, y, z, w].map(|b| T::from_bits(b as u64))
@@ -523,8 +523,10 @@ pub const fn __site_id(module: &str, file: &str, line: u32, column: u32, name: &
 }
 
 /// A static shared-memory array of `$n` elements of `$t` (a [`Plain`]
-/// type, both concrete: not a generic parameter of the enclosing function),
-/// as a [`SharedArray`]. Each use is a `.shared` array of its own, named
+/// type) as a [`SharedArray`]. The type and the length are resolved in the
+/// enclosing *module* (a literal, a `const` item of the module, an
+/// expression of those): not a generic parameter, nor a `const` declared
+/// inside the function. Each use is a `.shared` array of its own, named
 /// `__ka_smem_<hash of its module, file, line and column>`; inside a
 /// macro of your own, where several uses share one line and column, name
 /// each: `shared_array!(f32, 256; tile_a)`.
@@ -550,42 +552,47 @@ pub const fn __site_id(module: &str, file: &str, line: u32, column: u32, name: &
 #[macro_export]
 macro_rules! shared_array {
     ($t:ty, $n:expr) => {
-        $crate::shared_array!(@site $t, $n, "")
+        $crate::__shared_array_impl!($t, $n, "")
     };
     ($t:ty, $n:expr; $name:ident) => {
-        $crate::shared_array!(@site $t, $n, stringify!($name))
+        $crate::__shared_array_impl!($t, $n, stringify!($name))
     };
-    (@site $t:ty, $n:expr, $name:expr) => {{
-        const __KA_LEN: usize = $n;
-        const __KA_BYTES: usize = __KA_LEN * ::core::mem::size_of::<$t>();
-        const __KA_ID: u64 =
-            $crate::shared::__site_id(module_path!(), file!(), line!(), column!(), $name);
-        $crate::__shared_array_impl!($t, __KA_LEN, __KA_BYTES, __KA_ID)
-    }};
 }
 
 #[cfg(target_arch = "nvptx64")]
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __shared_array_impl {
-    ($t:ty, $len:ident, $bytes:ident, $id:ident) => {{
-        ::core::arch::global_asm!(
-            ".shared .align 16 .b8 __ka_smem_{id}[{bytes}];",
-            id = const $id,
-            bytes = const if $bytes == 0 { 16 } else { $bytes },
-        );
+    ($t:ty, $n:expr, $name:expr) => {{
+        // An item scope for `global_asm!`; the type and the length are
+        // resolved in the enclosing module.
+        #[allow(unused_imports, non_snake_case)]
+        mod __ka_shared {
+            use super::*;
+            pub const LEN: usize = $n;
+            pub const ID: u64 =
+                $crate::shared::__site_id(module_path!(), file!(), line!(), column!(), $name);
+            ::core::arch::global_asm!(
+                ".shared .align 16 .b8 __ka_smem_{id}[{bytes}];",
+                id = const ID,
+                bytes = const {
+                    let b = LEN * ::core::mem::size_of::<$t>();
+                    if b == 0 { 16 } else { b }
+                },
+            );
+        }
         let addr: u32;
         // SAFETY: takes the array's shared-window address; no memory access.
         unsafe {
             ::core::arch::asm!(
                 "mov.u32 {a}, __ka_smem_{id};",
                 a = out(reg32) addr,
-                id = const $id,
+                id = const __ka_shared::ID,
                 options(pure, nomem, nostack),
             )
         };
-        // SAFETY: the symbol is a 16-byte aligned `.shared` array of `$len` `$t`s.
-        unsafe { $crate::shared::SharedArray::<$t>::__from_shared_addr(addr, $len) }
+        // SAFETY: the symbol is a 16-byte aligned `.shared` array of `LEN` `$t`s.
+        unsafe { $crate::shared::SharedArray::<$t>::__from_shared_addr(addr, __ka_shared::LEN) }
     }};
 }
 
@@ -593,7 +600,16 @@ macro_rules! __shared_array_impl {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __shared_array_impl {
-    ($t:ty, $len:ident, $bytes:ident, $id:ident) => {
-        $crate::shared::SharedArray::<$t>::__static($id, $len)
-    };
+    ($t:ty, $n:expr, $name:expr) => {{
+        // As on the GPU: the type and the length resolved in the enclosing
+        // module, not the function.
+        #[allow(unused_imports, non_snake_case)]
+        mod __ka_shared {
+            use super::*;
+            pub const LEN: usize = $n;
+            pub const ID: u64 =
+                $crate::shared::__site_id(module_path!(), file!(), line!(), column!(), $name);
+        }
+        $crate::shared::SharedArray::<$t>::__static(__ka_shared::ID, __ka_shared::LEN)
+    }};
 }

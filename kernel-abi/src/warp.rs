@@ -62,63 +62,64 @@ pub fn lanes_in_warp() -> u32 {
 
 #[cfg(target_arch = "nvptx64")]
 mod imp {
-    macro_rules! shfl32 {
-        ($name:ident, $mode:literal, $c:literal) => {
-            #[inline(always)]
-            pub fn $name(v: u32, b: u32) -> u32 {
-                let r: u32;
-                // SAFETY: a register exchange among the warp's lanes; every
-                // lane reaches it (the module's contract). No memory.
-                unsafe {
-                    core::arch::asm!(
-                        concat!("shfl.sync.", $mode, ".b32 {r}, {v}, {b}, ", $c, ", 0xffffffff;"),
-                        r = out(reg32) r,
-                        v = in(reg32) v,
-                        b = in(reg32) b,
-                        options(nomem, nostack),
-                    )
-                };
-                r
-            }
-        };
+    // LLVM's NVVM intrinsics, not inline PTX: LLVM knows them as
+    // `convergent`, so it never duplicates one into divergent branches (it
+    // does so to inline assembly).
+    #[allow(improper_ctypes)]
+    extern "C" {
+        #[link_name = "llvm.nvvm.shfl.sync.down.i32"]
+        fn shfl_down(mask: u32, v: u32, b: u32, c: u32) -> u32;
+        #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
+        fn shfl_up(mask: u32, v: u32, b: u32, c: u32) -> u32;
+        #[link_name = "llvm.nvvm.shfl.sync.bfly.i32"]
+        fn shfl_bfly(mask: u32, v: u32, b: u32, c: u32) -> u32;
+        #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
+        fn shfl_idx(mask: u32, v: u32, b: u32, c: u32) -> u32;
+        #[link_name = "llvm.nvvm.vote.any.sync"]
+        fn vote_any(mask: u32, p: bool) -> bool;
+        #[link_name = "llvm.nvvm.vote.all.sync"]
+        fn vote_all(mask: u32, p: bool) -> bool;
+        #[link_name = "llvm.nvvm.vote.ballot.sync"]
+        fn vote_ballot(mask: u32, p: bool) -> u32;
     }
-    shfl32!(down, "down", "0x1f");
-    shfl32!(up, "up", "0");
-    shfl32!(bfly, "bfly", "0x1f");
-    shfl32!(idx, "idx", "0x1f");
 
-    macro_rules! vote {
-        ($name:ident, $body:literal) => {
-            #[inline(always)]
-            pub fn $name(p: bool) -> u32 {
-                let r: u32;
-                // SAFETY: a vote among the warp's lanes (every lane reaches
-                // it); registers only.
-                unsafe {
-                    core::arch::asm!(
-                        "{{",
-                        ".reg .pred %ka_p, %ka_q;",
-                        "setp.ne.u32 %ka_p, {x}, 0;",
-                        $body,
-                        "}}",
-                        r = out(reg32) r,
-                        x = in(reg32) p as u32,
-                        options(nomem, nostack),
-                    )
-                };
-                r
-            }
-        };
+    // SAFETY (all below): register exchanges among the warp's lanes, every
+    // lane reaching them (the module's contract); no memory.
+    #[inline(always)]
+    pub fn down(v: u32, b: u32) -> u32 {
+        // SAFETY: see above.
+        unsafe { shfl_down(super::FULL_MASK, v, b, 0x1f) }
     }
-    vote!(
-        any,
-        "vote.sync.any.pred %ka_q, %ka_p, 0xffffffff;\nselp.u32 {r}, 1, 0, %ka_q;"
-    );
-    vote!(
-        all,
-        "vote.sync.all.pred %ka_q, %ka_p, 0xffffffff;\nselp.u32 {r}, 1, 0, %ka_q;"
-    );
-    vote!(ballot, "vote.sync.ballot.b32 {r}, %ka_p, 0xffffffff;");
+    #[inline(always)]
+    pub fn up(v: u32, b: u32) -> u32 {
+        // SAFETY: see above.
+        unsafe { shfl_up(super::FULL_MASK, v, b, 0) }
+    }
+    #[inline(always)]
+    pub fn bfly(v: u32, b: u32) -> u32 {
+        // SAFETY: see above.
+        unsafe { shfl_bfly(super::FULL_MASK, v, b, 0x1f) }
+    }
+    #[inline(always)]
+    pub fn idx(v: u32, b: u32) -> u32 {
+        // SAFETY: see above.
+        unsafe { shfl_idx(super::FULL_MASK, v, b, 0x1f) }
+    }
+    #[inline(always)]
+    pub fn any(p: bool) -> u32 {
+        // SAFETY: see above.
+        unsafe { vote_any(super::FULL_MASK, p) as u32 }
+    }
+    #[inline(always)]
+    pub fn all(p: bool) -> u32 {
+        // SAFETY: see above.
+        unsafe { vote_all(super::FULL_MASK, p) as u32 }
+    }
+    #[inline(always)]
+    pub fn ballot(p: bool) -> u32 {
+        // SAFETY: see above.
+        unsafe { vote_ballot(super::FULL_MASK, p) }
+    }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
