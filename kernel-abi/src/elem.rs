@@ -106,7 +106,7 @@ mod tests {
 
     #[test]
     fn bits_round_trip() {
-        assert_eq!(f32::from_bits((-1.5f32).to_bits() as u64), -1.5);
+        assert_eq!(<f32 as Plain>::from_bits(Plain::to_bits(-1.5f32)), -1.5);
         assert_eq!(<i32 as Plain>::from_bits(Plain::to_bits(-7i32)), -7);
         assert_eq!(Plain::to_bits(-1i32), 0xffff_ffff);
         assert_eq!(<f64 as Plain>::from_bits(Plain::to_bits(2.25f64)), 2.25);

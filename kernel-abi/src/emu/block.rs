@@ -209,7 +209,7 @@ impl BlockState {
     /// After one more thread blocked or finished: a fault if every live
     /// thread is now blocked (none can release the others).
     fn check_stuck(&self, c: &mut Counts, linear: u32) {
-        let running = c.started - c.finished - c.blocked;
+        let running = c.started.saturating_sub(c.finished + c.blocked);
         if running == 0 && c.blocked > 0 && !c.fault {
             let kind = if c.at_barrier > 0 {
                 FaultKind::DivergentBarrier
@@ -262,6 +262,8 @@ impl BlockState {
             c = self.block_cv.wait(c).unwrap_or_else(|p| p.into_inner());
         }
         if c.barrier_gen == gen {
+            // Released by a fault: no longer blocked, unwinding.
+            c.blocked -= 1;
             drop(c);
             std::panic::resume_unwind(Box::new(Abort));
         }
@@ -310,6 +312,9 @@ impl BlockState {
                 c = self.warp_cv[w].wait(c).unwrap_or_else(|p| p.into_inner());
             }
             if c.warps[w].gen == gen {
+                // Released by a fault: no longer blocked, unwinding.
+                c.blocked -= 1;
+                c.warps[w].arrived -= 1;
                 drop(c);
                 std::panic::resume_unwind(Box::new(Abort));
             }
