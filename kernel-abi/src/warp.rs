@@ -129,7 +129,7 @@ mod imp {
     fn shfl(v: u32, src: impl Fn(u32) -> Option<u32>) -> u32 {
         let lane = crate::thread::lane_id();
         warp_exchange(WarpOp::Shuffle, u64::from(v), |get| {
-            src(lane).and_then(|s| get(s)).map_or(v, |x| x as u32)
+            src(lane).and_then(get).map_or(v, |x| x as u32)
         })
     }
     pub fn down(v: u32, b: u32) -> u32 {

@@ -149,7 +149,7 @@ fn warp_shuffles_and_votes_match_plain_loops() {
             u64::from(warp::shfl_up(v, 5)),
             u64::from(warp::shfl_xor(v, 6)),
             u64::from(warp::shfl_idx(v, 7)),
-            u64::from(warp::ballot(t % 3 == 0)),
+            u64::from(warp::ballot(t.is_multiple_of(3))),
             u64::from(warp::any(t == 70)) | (u64::from(warp::all(t < 64)) << 1),
             warp::shfl_down((t as u64) << 40, 1),
             warp::shfl_xor(t as f64 + 0.5, 1).to_bits(),
@@ -177,7 +177,7 @@ fn warp_shuffles_and_votes_match_plain_loops() {
         assert_eq!(r[2], get(Some(l ^ 6)), "xor, thread {t}");
         assert_eq!(r[3], get(Some(7)), "idx, thread {t}");
         let ballot = (0..lanes)
-            .filter(|&x| (w * 32 + x) % 3 == 0)
+            .filter(|&x| (w * 32 + x).is_multiple_of(3))
             .fold(0u64, |b, x| b | 1 << x);
         assert_eq!(r[4], ballot, "ballot, thread {t}");
         let any = w == 2; // thread 70 is in warp 2
