@@ -3,7 +3,7 @@
 //! fences for orderings stronger than relaxed.
 
 use super::{load_order, Atomic, Ordering, Rmw};
-use crate::elem::{Arith, Plain as _};
+use crate::elem::Arith;
 use crate::shared::SharedArray;
 use core::arch::asm;
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
