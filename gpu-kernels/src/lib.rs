@@ -13,7 +13,10 @@
 //! over raw pointers and is tested on the host by simulating a grid.
 #![deny(missing_docs)]
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, stdarch_nvptx))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
 
 pub mod elementwise;
 pub mod thread;
