@@ -53,6 +53,15 @@ checks() {
     echo "cargo test -q -p host --test loader -- --exact a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place::cpu"
     echo "$demo loader --small"
     ;;
+  staging-direct-blocking-no-length-check)
+    echo "cargo test -q -p host --test staging -- --exact the_blocking_forms_refuse_mismatched_lengths_on_every_route::cpu"
+    ;;
+  loader-shard-batches-rounded-down)
+    echo "cargo test -q -p host --test loader -- --exact each_rank_yields_as_many_batches_and_rows_as_its_shard_holds::cpu"
+    ;;
+  loader-segment-boundary-off-by-one)
+    echo "cargo test -q -p host --test loader -- --exact a_source_of_separate_allocations_yields_the_first_row_of_each_segment::cpu"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p host --doc guarantees"
