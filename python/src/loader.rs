@@ -158,7 +158,23 @@ fn array_field(
         }
     }
     let view = ContiguousView::get(obj, false).map_err(|e| {
-        if e.is_instance_of::<PyValueError>(obj.py()) {
+        let c_contiguous = obj
+            .getattr("flags")
+            .and_then(|f| f.getattr("c_contiguous"))
+            .and_then(|c| c.extract::<bool>())
+            .ok();
+        if e.is_instance_of::<PyValueError>(obj.py()) && c_contiguous == Some(true) {
+            // NumPy's refusal to export a C-contiguous array: its elements
+            // (datetime64, objects...) have no buffer format.
+            let described = obj
+                .getattr("dtype")
+                .map(|d| d.to_string())
+                .unwrap_or_else(|_| "?".into());
+            PyTypeError::new_err(format!(
+                "Loader: {what} has dtype {described}, which has no device dtype (numbers of \
+                 1-8 bytes are supported): {e}"
+            ))
+        } else if e.is_instance_of::<PyValueError>(obj.py()) {
             // NumPy's refusal to export an array it holds strided.
             PyValueError::new_err(format!("Loader: {what} has no C-contiguous buffer: {e}"))
         } else {
@@ -213,7 +229,12 @@ fn npy_map<'py>(py: Python<'py>, path: &Bound<'py, PyAny>) -> PyResult<Bound<'py
     let np = py.import("numpy")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("mmap_mode", "r")?;
-    np.getattr("load")?.call((path,), Some(&kwargs))
+    np.getattr("load")?
+        .call((path,), Some(&kwargs))
+        .map_err(|e| match as_path(path) {
+            Some(p) => crate::files::npy_header_error(py, &p, e),
+            None => e,
+        })
 }
 
 /// Several `.npy` files as one field, concatenated along axis 0.

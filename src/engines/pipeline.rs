@@ -51,9 +51,27 @@ use std::sync::{Arc, Mutex};
 /// whether their sizes ramp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
-    /// Chunks the arrays are cut into, at most: each about `n / chunks`
-    /// elements rounded up to a multiple of 64, so short arrays run in fewer
-    /// chunks (an empty run in none); [`RunInfo::chunks`] says how many ran.
+    /// Chunks the arrays are cut into, at most. A plan is reduced, never
+    /// refused, for the data it meets: `n` elements are cut into chunks of
+    /// `ceil(n / chunks)` elements rounded up to a multiple of 64 (the
+    /// granularity: 256 bytes of `f32`), the last one shorter, so
+    /// `ceil(n / that)` chunks run, each holding at least one element (an
+    /// empty run none). 100 chunks over 10 elements run as 1;
+    /// `Plan::uniform(7, 4)` over 1,000 elements runs 6 chunks of 192 (the
+    /// last of 40). [`RunInfo::chunks`] says how many ran, and
+    /// [`Plan::ranges`] gives them beforehand. A plan is refused
+    /// ([`Error::InvalidArgument`], [`Plan::validate`]) only for 0 chunks
+    /// or 0 streams (slots).
+    ///
+    /// ```
+    /// use host::Plan;
+    /// let plan = Plan::uniform(7, 4);
+    /// let lens: Vec<usize> = plan.ranges(1000).iter().map(|r| r.len()).collect();
+    /// assert_eq!(lens, [192, 192, 192, 192, 192, 40]);
+    /// assert_eq!(Plan::uniform(100, 4).ranges(10), [0..10]);
+    /// assert!(Plan::uniform(7, 4).ranges(0).is_empty());
+    /// assert!(Plan::uniform(0, 4).validate(1000).is_err());
+    /// ```
     pub chunks: usize,
     /// How the chunks go over the pipeline's streams.
     pub layout: Layout,
@@ -61,7 +79,8 @@ pub struct Plan {
     /// the others, and the last three mirror them. The pipeline's fill (the
     /// first H2D, which nothing overlaps) and drain (the last D2H) shrink
     /// eightfold, while the middle chunks stay large enough for full-speed
-    /// copies. The chunk count then counts the full-size chunks.
+    /// copies. The chunk count then counts the full-size chunks. An array
+    /// shorter than the six ramp pieces and one full chunk runs unramped.
     pub ramp: bool,
 }
 
