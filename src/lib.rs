@@ -55,7 +55,7 @@ pub mod testing;
 
 pub use backend::cpu::{memlock_limit, LockPolicy, MemlockLimit};
 pub use backend::cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
-pub use backend::{BackendKind, DeviceInfo, HostFlags};
+pub use backend::{BackendKind, DeviceInfo, HostFlags, LaunchLimits};
 #[cfg(not(loom))]
 pub use base::block::block_on_for;
 pub use base::block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};

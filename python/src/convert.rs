@@ -144,7 +144,7 @@ pub fn to_py(e: gpufeed::Error) -> PyErr {
         E::OutOfBounds { .. } => OutOfBoundsError::new_err(text),
         E::SizeOverflow { .. } => SizeOverflowError::new_err(text),
         E::LockFailed { .. } => LockFailedError::new_err(text),
-        E::InvalidArgument(_) => InvalidArgumentError::new_err(text),
+        E::InvalidArgument(_) | E::InvalidLaunch { .. } => InvalidArgumentError::new_err(text),
         E::Overlap { .. } => OverlapError::new_err(text),
         E::NotTimed => NotTimedError::new_err(text),
         E::NotReady => NotReadyError::new_err(text),

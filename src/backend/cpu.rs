@@ -184,6 +184,7 @@ impl CpuBackend {
                 total_memory: pages * page,
                 ordinal,
                 stream_ordered_memory: false,
+                limits: crate::backend::LaunchLimits::GPU,
             },
             policy,
             device_allocs: Mutex::new(HashMap::new()),
@@ -651,20 +652,30 @@ impl RawStream for CpuStream {
         }
         let RawLaunch {
             name,
-            grid,
-            block,
+            config,
             params,
             ..
         } = launch;
         self.push(move |shared| {
-            // The kernel's host build over the grid; a trap or a panic in any
-            // thread breaks the emulated context, as a GPU trap does.
-            params.emulate(grid, block, shared.workers).map_err(|what| {
-                let err = Error::ContextBroken(format!(
-                    "kernel `{name}` faulted ({what}; CPU emulation of a GPU trap)"
+            // The kernel's host build over the grid. A trap or a panic in any
+            // thread breaks the emulated context, as a GPU trap does; so does
+            // a fault the emulation detects (a barrier or warp operation not
+            // every thread reaches, an access out of bounds), which on a GPU
+            // would hang or fault: the launch reports it as the kernel's
+            // fault, naming the kernel, block and thread.
+            params.emulate(&config, shared.workers).map_err(|e| {
+                use kernel_abi::thread::FaultKind;
+                let broken = Error::ContextBroken(format!(
+                    "kernel `{name}` faulted ({e}; CPU emulation of a GPU trap)"
                 ));
-                let _ = shared.broken.set(err.clone());
-                err
+                let _ = shared.broken.set(broken.clone());
+                match e.kind {
+                    FaultKind::Trap | FaultKind::Panic(_) => broken,
+                    _ => Error::KernelFault {
+                        kernel: name,
+                        reason: e.to_string(),
+                    },
+                }
             })
         })
     }

@@ -91,6 +91,38 @@ pub struct DeviceInfo {
     /// Device memory is stream-ordered ([`crate::DeviceMemory`]); false on
     /// the CPU emulation, whose frees never wait.
     pub stream_ordered_memory: bool,
+    /// What a kernel launch may ask of this device.
+    pub limits: LaunchLimits,
+}
+
+/// The largest launch a device runs: a launch beyond any of these is
+/// refused before anything is queued (`Error::InvalidLaunch`). The CUDA
+/// backend reads them from the driver; the CPU emulation has a GPU's
+/// (an H100's shared memory), so that a launch one backend refuses the
+/// other refuses too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct LaunchLimits {
+    /// Threads in a block, all dimensions together (1024).
+    pub max_threads_per_block: u32,
+    /// Threads in a block along x, y, z (1024, 1024, 64).
+    pub max_block_dims: [u32; 3],
+    /// Blocks in the grid along x, y, z (2^31 - 1, 65535, 65535).
+    pub max_grid_dims: [u32; 3],
+    /// Shared memory a block may have, static and dynamic together, with
+    /// the opt-in above the default 48 KiB (227 KiB on an H100).
+    pub max_shared_bytes_per_block: u32,
+}
+
+impl LaunchLimits {
+    /// CUDA's limits from compute capability 7.0 on, with an H100's
+    /// shared memory per block: what the CPU emulation enforces.
+    pub const GPU: LaunchLimits = LaunchLimits {
+        max_threads_per_block: 1024,
+        max_block_dims: [1024, 1024, 64],
+        max_grid_dims: [i32::MAX as u32, 65535, 65535],
+        max_shared_bytes_per_block: 227 * 1024,
+    };
 }
 
 /// The completion threads of dropped streams still finishing their queues.
@@ -221,10 +253,9 @@ pub(crate) const DEVICE_ALIGN: usize = 256;
 pub(crate) struct RawLaunch<'f> {
     pub name: &'static str,
     pub function: &'f RawFunction,
-    /// Blocks in the grid.
-    pub grid: u32,
-    /// Threads per block.
-    pub block: u32,
+    /// Blocks in the grid, threads per block, dynamic shared bytes: checked
+    /// against the device's [`LaunchLimits`].
+    pub config: kernel_abi::thread::Launch,
     pub params: Box<dyn ErasedParams>,
 }
 
@@ -232,9 +263,14 @@ pub(crate) struct RawLaunch<'f> {
 pub(crate) trait ErasedParams: Send {
     /// One pointer per parameter, in order (for `cuLaunchKernel`).
     fn pointers(&mut self) -> Vec<*mut std::ffi::c_void>;
-    /// Runs the kernel's CPU body over a grid of `grid` blocks of `block`
-    /// threads (the CPU emulation).
-    fn emulate(&self, grid: u32, block: u32, workers: usize) -> std::result::Result<(), String>;
+    /// Runs the kernel's CPU body over the launch's grid (the CPU
+    /// emulation): the threads of a block meet at barriers, each block has
+    /// its shared memory; a fault is the emulation's typed error.
+    fn emulate(
+        &self,
+        launch: &kernel_abi::thread::Launch,
+        workers: usize,
+    ) -> std::result::Result<(), kernel_abi::thread::EmulationError>;
 }
 
 /// A checked copy of a batch, as addresses (host pointers as integers).

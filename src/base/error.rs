@@ -28,6 +28,17 @@ pub enum Error {
         /// What happened.
         reason: String,
     },
+    /// A launch the device can't run: a grid or block dimension of zero or
+    /// above the device's limit, too many threads in a block, more shared
+    /// memory than a block may have. Refused before anything is queued, on
+    /// every backend alike.
+    #[error("launch of kernel `{kernel}` refused: {reason}")]
+    InvalidLaunch {
+        /// Kernel name.
+        kernel: &'static str,
+        /// Which limit, and the device's value.
+        reason: String,
+    },
     /// No usable backend: forced CUDA without a driver or device, say.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),

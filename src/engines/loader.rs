@@ -975,8 +975,11 @@ impl<'a, T: Pod> Loader<'a, T> {
             let launch = crate::backend::RawLaunch {
                 name: "gather_rows",
                 function: &function.raw,
-                grid: config.grid,
-                block: config.block,
+                config: kernel_abi::thread::Launch {
+                    grid: config.grid,
+                    block: config.block,
+                    dynamic_shared_bytes: config.shared_bytes,
+                },
                 params: Box::new(crate::runtime::kernel::TypedParams::<
                     gpu_kernels::gather_rows,
                 >(params)),

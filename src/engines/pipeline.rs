@@ -64,7 +64,7 @@ pub struct Plan {
     /// or 0 streams (slots).
     ///
     /// ```
-    /// use host::Plan;
+    /// use gpufeed::Plan;
     /// let plan = Plan::uniform(7, 4);
     /// let lens: Vec<usize> = plan.ranges(1000).iter().map(|r| r.len()).collect();
     /// assert_eq!(lens, [192, 192, 192, 192, 192, 40]);

@@ -14,10 +14,12 @@
 //! crate: every thread of the grid, blocks spread over the stream's worker
 //! threads ([`kernel_abi::thread::emulate`]).
 
+use crate::backend::LaunchLimits;
 use crate::backend::{ErasedParams, RawFunction};
 use crate::base::error::{Error, Result};
 use crate::runtime::device::Device;
 use crate::runtime::memory::{DeviceSlice, DeviceSliceMut};
+use kernel_abi::thread::Dim3;
 use kernel_abi::{Kernel as KernelDecl, Param, Params, Slice, SliceMut};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -27,18 +29,104 @@ pub const BLOCK: u32 = 256;
 /// Resident blocks per multiprocessor we aim for (2048 threads / 256).
 pub const BLOCKS_PER_SM: u32 = 8;
 
-/// A 1-D launch: blocks and threads per block.
+/// A launch's shape: the grid in blocks and the block in threads, each in
+/// up to three dimensions, and the dynamic shared memory each block gets
+/// (`kernel_abi::shared::dynamic`).
+///
+/// Checked against the device's [`LaunchLimits`](crate::LaunchLimits)
+/// ([`DeviceInfo::limits`](crate::DeviceInfo::limits)) when launched: a dimension of
+/// zero or above its limit, more threads than a block may have, or more
+/// shared memory than a block may have is `Error::InvalidLaunch`, before
+/// anything is queued, on every backend.
+///
+/// ```
+/// use gpufeed::LaunchConfig;
+/// let cfg = LaunchConfig::new((64, 64, 1), (16, 16, 1)).with_shared_bytes(8 << 10);
+/// assert_eq!(cfg.block.x * cfg.block.y, 256);
+/// assert_eq!(LaunchConfig::linear(10, 128).grid.x, 10);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
     /// Blocks in the grid.
-    pub grid: u32,
+    pub grid: Dim3,
     /// Threads per block.
-    pub block: u32,
+    pub block: Dim3,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
 }
 
 impl LaunchConfig {
     /// One block of one thread.
-    pub const SINGLE: LaunchConfig = LaunchConfig { grid: 1, block: 1 };
+    pub const SINGLE: LaunchConfig = LaunchConfig::linear(1, 1);
+
+    /// A 1-D launch: `grid` blocks of `block` threads, no dynamic shared
+    /// memory.
+    pub const fn linear(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: Dim3::x(grid),
+            block: Dim3::x(block),
+            shared_bytes: 0,
+        }
+    }
+
+    /// A launch of `grid` blocks of `block` threads (a `u32` is a 1-D
+    /// extent, `(x, y, z)` a 3-D one), no dynamic shared memory.
+    pub fn new(grid: impl Into<Dim3>, block: impl Into<Dim3>) -> LaunchConfig {
+        LaunchConfig {
+            grid: grid.into(),
+            block: block.into(),
+            shared_bytes: 0,
+        }
+    }
+
+    /// The same launch with `bytes` of dynamic shared memory per block.
+    pub const fn with_shared_bytes(self, bytes: u32) -> LaunchConfig {
+        LaunchConfig {
+            shared_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// Why `device` can't run this launch of kernel `name`, if it can't.
+    pub(crate) fn check(&self, name: &'static str, limits: &LaunchLimits) -> Result<()> {
+        let refuse = |reason: String| {
+            Err(Error::InvalidLaunch {
+                kernel: name,
+                reason,
+            })
+        };
+        let (g, b) = (self.grid, self.block);
+        for (axis, (got, max)) in ["x", "y", "z"]
+            .iter()
+            .zip([g.x, g.y, g.z].into_iter().zip(limits.max_grid_dims))
+        {
+            if got == 0 || got > max {
+                return refuse(format!("grid {axis} of {got} blocks (1 to {max})"));
+            }
+        }
+        for (axis, (got, max)) in ["x", "y", "z"]
+            .iter()
+            .zip([b.x, b.y, b.z].into_iter().zip(limits.max_block_dims))
+        {
+            if got == 0 || got > max {
+                return refuse(format!("block {axis} of {got} threads (1 to {max})"));
+            }
+        }
+        if b.volume() > u64::from(limits.max_threads_per_block) {
+            return refuse(format!(
+                "{} threads in a block (at most {})",
+                b.volume(),
+                limits.max_threads_per_block
+            ));
+        }
+        if self.shared_bytes > limits.max_shared_bytes_per_block {
+            return refuse(format!(
+                "{} bytes of dynamic shared memory (a block may have {})",
+                self.shared_bytes, limits.max_shared_bytes_per_block
+            ));
+        }
+        Ok(())
+    }
 
     /// The most blocks a launch may have (CUDA's grid.x limit, 2^31 - 1);
     /// more is refused with `InvalidArgument`, on every backend.
@@ -54,10 +142,7 @@ impl LaunchConfig {
     pub fn grid_stride(device: &Device, items: usize) -> LaunchConfig {
         let needed = (items as u64).div_ceil(BLOCK as u64).max(1);
         let full = (device.info().compute_units.max(1) as u64) * BLOCKS_PER_SM as u64;
-        LaunchConfig {
-            grid: needed.min(full) as u32,
-            block: BLOCK,
-        }
+        LaunchConfig::linear(needed.min(full) as u32, BLOCK)
     }
 }
 
@@ -321,10 +406,14 @@ impl<K: KernelDecl> ErasedParams for TypedParams<K> {
         v
     }
 
-    fn emulate(&self, grid: u32, block: u32, workers: usize) -> std::result::Result<(), String> {
+    fn emulate(
+        &self,
+        launch: &kernel_abi::thread::Launch,
+        workers: usize,
+    ) -> std::result::Result<(), kernel_abi::thread::EmulationError> {
         let params = SharedParams(self.0);
         let params = &params;
-        kernel_abi::thread::emulate(grid, block, workers, &move || {
+        kernel_abi::thread::emulate_launch(K::NAME, launch, workers, &move || {
             // SAFETY: the kernel's contract holds: its slices come from views
             // checked by the host layer, valid until the launch completes.
             unsafe { K::thread(params.0) }
@@ -412,19 +501,13 @@ mod tests {
         let units = device.info().compute_units;
         assert_eq!(
             LaunchConfig::grid_stride(&device, 1 << 30),
-            LaunchConfig {
-                grid: units * BLOCKS_PER_SM,
-                block: BLOCK
-            }
+            LaunchConfig::linear(units * BLOCKS_PER_SM, BLOCK)
         );
         assert_eq!(
             LaunchConfig::grid_stride(&device, 5),
-            LaunchConfig {
-                grid: 1,
-                block: BLOCK
-            }
+            LaunchConfig::linear(1, BLOCK)
         );
-        assert_eq!(LaunchConfig::grid_stride(&device, 0).grid, 1);
+        assert_eq!(LaunchConfig::grid_stride(&device, 0).grid.x, 1);
     }
 
     #[test]

@@ -791,31 +791,21 @@ impl<'a> Commands<'a> {
         A: Args<'a, Params = K::Params>,
     {
         self.same_device(f.device_id)?;
-        // CUDA's limits (grid.x up to 2^31 - 1, 1024 threads a block), on
-        // every backend: a launch the GPU would refuse is refused on the
-        // CPU emulation too.
-        if config.grid == 0
-            || config.block == 0
-            || config.grid > LaunchConfig::MAX_GRID
-            || config.block > LaunchConfig::MAX_BLOCK
-        {
-            return Err(Error::InvalidArgument(format!(
-                "a launch of `{}` with {} blocks of {} threads (1 to {} blocks of 1 to {} threads)",
-                K::NAME,
-                config.grid,
-                config.block,
-                LaunchConfig::MAX_GRID,
-                LaunchConfig::MAX_BLOCK
-            )));
-        }
+        // The device's limits, on every backend (the CPU emulation has a
+        // GPU's): a launch the GPU would refuse is refused on the CPU
+        // emulation too, before anything is queued.
+        config.check(K::NAME, &self.device.info().limits)?;
         let mut touches = Vec::new();
         let params = args.params(self.device.id(), &mut touches)?;
         check_overlaps(K::NAME, &touches, same_range_ok)?;
         let launch = RawLaunch {
             name: K::NAME,
             function: &f.raw,
-            grid: config.grid,
-            block: config.block,
+            config: kernel_abi::thread::Launch {
+                grid: config.grid,
+                block: config.block,
+                dynamic_shared_bytes: config.shared_bytes,
+            },
             params: Box::new(TypedParams::<K>(params)),
         };
         // SAFETY: every device range in the parameters comes from a view

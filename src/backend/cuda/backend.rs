@@ -75,6 +75,28 @@ impl CudaBackend {
             ),
             _ => None,
         };
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(drv("cuDeviceGetAttribute"))
+                .map(|v| v as u32)
+        };
+        use sys::CUdevice_attribute as A;
+        let limits = crate::backend::LaunchLimits {
+            max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_block_dims: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_grid_dims: [
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            max_shared_bytes_per_block: attr(
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+        };
         let info = DeviceInfo {
             backend: crate::backend::BackendKind::Cuda,
             name,
@@ -83,6 +105,7 @@ impl CudaBackend {
             total_memory,
             ordinal,
             stream_ordered_memory: ordered.is_some(),
+            limits,
         };
         Ok(CudaBackend {
             shared: Arc::new(Shared {
@@ -467,7 +490,11 @@ impl Backend for CudaBackend {
                 )));
             }
         }
-        Ok(RawFunction::new(FunctionHandle { func, _module: m }))
+        Ok(RawFunction::new(FunctionHandle {
+            func,
+            _module: m,
+            dynamic_optin: Default::default(),
+        }))
     }
 
     fn new_stream(&self) -> Result<Box<dyn RawStream>> {

@@ -218,20 +218,24 @@ impl RawStream for CudaStream {
                 "a kernel function of another backend".into(),
             ));
         };
+        let cfg = launch.config;
+        f.fit_shared(launch.name, cfg.dynamic_shared_bytes, &self.shared)?;
         let mut params = launch.params.pointers();
         // SAFETY: the function comes from a loaded module of this context;
         // `params` points at one live value of each declared parameter type
-        // (the declaration's tuple); ranges valid until completion (caller).
+        // (the declaration's tuple); ranges valid until completion (caller);
+        // the grid, block and shared bytes were checked against the
+        // device's limits (the safe layer, and `fit_shared` above).
         let r = unsafe {
             sys::cuLaunchKernel(
                 f.func,
-                launch.grid,
-                1,
-                1,
-                launch.block,
-                1,
-                1,
-                0,
+                cfg.grid.x,
+                cfg.grid.y,
+                cfg.grid.z,
+                cfg.block.x,
+                cfg.block.y,
+                cfg.block.z,
+                cfg.dynamic_shared_bytes,
                 self.stream.0,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
