@@ -3,6 +3,11 @@
 /// The kernels' PTX text, as the nested nvptx64 build produced it.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels.ptx"));
 
+/// The same kernels built for sm_80 and newer, with those that need
+/// Ampere's instructions (the tensor-core GEMM); loaded instead of [`PTX`]
+/// on a device of compute capability 8.0 or more.
+pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels_sm80.ptx"));
+
 /// The GPU architecture the PTX targets (`KERNEL_ARCH` at build time).
 pub const ARCH: &str = env!("KERNEL_ARCH");
 

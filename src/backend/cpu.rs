@@ -185,6 +185,7 @@ impl CpuBackend {
                 ordinal,
                 stream_ordered_memory: false,
                 limits: crate::backend::LaunchLimits::GPU,
+                compute_capability: None,
             },
             policy,
             device_allocs: Mutex::new(HashMap::new()),

@@ -93,6 +93,9 @@ pub struct DeviceInfo {
     pub stream_ordered_memory: bool,
     /// What a kernel launch may ask of this device.
     pub limits: LaunchLimits,
+    /// The GPU's compute capability (`(9, 0)` for an H100); `None` on the
+    /// CPU emulation, which runs every kernel.
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 /// The largest launch a device runs: a launch beyond any of these is

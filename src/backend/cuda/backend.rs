@@ -106,6 +106,10 @@ impl CudaBackend {
             ordinal,
             stream_ordered_memory: ordered.is_some(),
             limits,
+            compute_capability: Some((
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            )),
         };
         Ok(CudaBackend {
             shared: Arc::new(Shared {
