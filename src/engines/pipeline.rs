@@ -1077,11 +1077,17 @@ impl Pipeline {
     /// output's chunk is copied out. `stage` runs while the run is enqueued,
     /// once per chunk, on the calling thread.
     ///
-    /// ```no_run
-    /// # async fn f(pipe: &gpufeed::Pipeline, pool: &gpufeed::PinnedPool) -> gpufeed::Result<()> {
+    /// ```rust
+    /// # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
+    /// # let device = gpufeed::Device::cpu();
+    /// # let pipe = gpufeed::Pipeline::new(&device, 4)?;
+    /// # let pool = gpufeed::PinnedPool::new(&device);
     /// // SAXPY through the pipeline: two inputs, one output.
-    /// let n = 10_000_000;
-    /// let (x, y, out) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
+    /// let n = 1_000_000;
+    /// let alloc = || pool.alloc::<f32>(n);
+    /// let (mut x, mut y, out) = (alloc()?, alloc()?, alloc()?);
+    /// x.as_mut_slice().fill(1.0);
+    /// y.as_mut_slice().fill(0.5);
     /// let (((x, y), (out,)), _) = pipe
     ///     .run_stage((x, y), (out,), gpufeed::Plan::auto(n), gpufeed::Timeline::Off, |c, chunk| {
     ///         let y_out = chunk.output::<f32>(0)?;
@@ -1089,7 +1095,8 @@ impl Pipeline {
     ///         c.saxpy(2.0, chunk.input::<f32>(0)?, y_out)
     ///     })
     ///     .await?;
-    /// # Ok(()) }
+    /// assert!(out.as_slice().iter().all(|&v| v == 2.5));
+    /// # drop((x, y)); Ok(()) }) }
     /// ```
     ///
     /// # Errors

@@ -814,8 +814,7 @@ impl<'a> Commands<'a> {
     /// from the bundle, like every command's. On the CPU emulation the
     /// kernel's host build runs over the same grid.
     ///
-    /// ```no_run
-    /// # async fn f(device: &gpufeed::Device, stream: &gpufeed::Stream) -> gpufeed::Result<()> {
+    /// ```rust
     /// use gpufeed::kernel_abi::{kernels, thread, Slice, SliceMut};
     /// use gpufeed::{DeviceBuffer, LaunchConfig, Module};
     /// // Normally in the kernel crate (built to PTX by its build script).
@@ -830,18 +829,27 @@ impl<'a> Commands<'a> {
     ///         }
     ///     }
     /// }
+    /// # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
+    /// # let device = &gpufeed::Device::cpu();
+    /// # let stream = &gpufeed::Stream::new(device)?;
     /// # let ptx = "";
     /// // SAFETY: `ptx` is the PTX kernel-builder built from the crate that
     /// // declares `axpby` (here the declaration above).
     /// let f = unsafe { Module::from_ptx(device, ptx)? }.function::<axpby>()?;
-    /// let (x, y) = (DeviceBuffer::<f32>::new(device, 1 << 20)?, DeviceBuffer::<f32>::new(device, 1 << 20)?);
-    /// let ((x, y), ()) = stream
+    /// let n = 1 << 20;
+    /// let (mut x, mut y) = (DeviceBuffer::new(device, n)?, DeviceBuffer::new(device, n)?);
+    /// x.copy_from_host_sync(&vec![1.0f32; n])?;
+    /// y.copy_from_host_sync(&vec![2.0f32; n])?;
+    /// let ((_x, mut y), ()) = stream
     ///     .run((x, y), move |c, (x, y)| {
     ///         let cfg = LaunchConfig::grid_stride(c.device(), x.len());
     ///         c.launch(&f, cfg, (2.0f32, x.view(), 0.5f32, y.view_mut()))
     ///     })
     ///     .await?;
-    /// # Ok(()) }
+    /// let mut out = vec![0f32; n];
+    /// y.copy_to_host_sync(&mut out)?;
+    /// assert!(out.iter().all(|&v| v == 3.0)); // 2 * 1 + 0.5 * 2
+    /// # Ok(()) }) }
     /// ```
     ///
     /// # Errors
