@@ -14,8 +14,8 @@
 //!
 //! The kernels are Rust (`gpu-kernels`), compiled to PTX by `build.rs`; see [`ptx`].
 //!
-//! ```no_run
-//! # async fn demo() -> gpufeed::Result<()> {
+//! ```rust
+//! # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
 //! use gpufeed::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Stream};
 //! let device = Device::from_env()?;
 //! let pool = PinnedPool::new(&device);
@@ -35,7 +35,7 @@
 //!     })
 //!     .await?;
 //! assert_eq!(output.as_slice()[0], 6.0);
-//! # drop((input, dev)); Ok(()) }
+//! # drop((input, dev)); Ok(()) }) }
 //! ```
 
 #![deny(missing_docs)]

@@ -32,6 +32,21 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// What the CPU backend does when the OS refuses to lock memory.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendChoice, Device, DeviceOptions, LockPolicy, PinnedBuffer};
+/// let device = Device::open(DeviceOptions {
+///     backend: BackendChoice::Cpu,
+///     lock_policy: LockPolicy::Require,
+///     ..Default::default()
+/// })?;
+/// match PinnedBuffer::<u8>::new(&device, 4096) {
+///     Ok(buffer) => assert!(buffer.is_locked()), // within the memlock limit
+///     Err(e) => assert!(matches!(e, gpufeed::Error::LockFailed { .. })),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
@@ -245,6 +260,16 @@ impl CpuBackend {
 }
 
 /// The soft limit on locked memory (`RLIMIT_MEMLOCK`).
+///
+/// ```rust
+/// use gpufeed::{memlock_limit, MemlockLimit};
+/// match memlock_limit() {
+///     MemlockLimit::Unlimited => println!("any amount of memory may be pinned"),
+///     MemlockLimit::Bytes(b) => println!("at most {b} bytes may be pinned"),
+///     MemlockLimit::Unknown => println!("getrlimit failed"),
+/// }
+/// assert_eq!(MemlockLimit::Bytes(65536).to_string(), "65536 bytes");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemlockLimit {
     /// No limit.

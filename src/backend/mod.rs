@@ -18,6 +18,19 @@ use std::any::Any;
 use std::sync::Arc;
 
 /// Which backend runs the work.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendKind, Device};
+/// let device = Device::from_env()?; // CUDA when present, else the CPU emulation
+/// match device.kind() {
+///     BackendKind::Cuda => println!("on a GPU: {}", device.info().name),
+///     BackendKind::Cpu => println!("on the CPU emulation"),
+/// }
+/// assert_eq!(Device::cpu().kind(), BackendKind::Cpu);
+/// assert_eq!(BackendKind::Cpu.to_string(), "cpu-emulation");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
@@ -38,6 +51,19 @@ impl std::fmt::Display for BackendKind {
 }
 
 /// Host allocation flags (driver semantics; the CPU backend records them).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, HostFlags, PinnedBuffer};
+/// let device = Device::cpu();
+/// // A buffer the CPU only writes and the GPU only reads: write-combined.
+/// let flags = HostFlags { write_combined: true, ..HostFlags::DEFAULT };
+/// let upload = PinnedBuffer::<f32>::with_flags(&device, 1024, flags)?;
+/// assert_eq!(upload.flags(), flags);
+/// assert!(upload.flags().portable); // kept from `DEFAULT` (`default()` has it off)
+/// assert_eq!(PinnedBuffer::<f32>::new(&device, 1)?.flags(), HostFlags::DEFAULT);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HostFlags {
@@ -73,6 +99,19 @@ pub(crate) struct HostAlloc {
 }
 
 /// Device-info shown in banners and results.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendKind, Device, DeviceInfo};
+/// let device = Device::cpu();
+/// let info: &DeviceInfo = device.info();
+/// assert_eq!(info.backend, BackendKind::Cpu);
+/// assert_eq!(info.driver, None); // a GPU: `Some("13.0")`, say
+/// assert!(info.compute_units >= 1); // the emulation's worker threads
+/// assert!(info.total_memory > 0);
+/// assert!(!info.stream_ordered_memory);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceInfo {

@@ -216,6 +216,19 @@ impl Completion {
 }
 
 /// Future returned by [`Event::wait`](crate::Event::wait).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Kernel, Stream, Wait};
+/// let device = Device::cpu();
+/// let stream = Stream::new(&device)?;
+/// let job = stream.launch(Kernel::Scale { s: 2.0 }, DeviceBuffer::new(&device, 1024)?);
+/// let event = stream.record()?;
+/// let wait: Wait = event.wait(); // dropping it would change nothing
+/// block_on(wait)?; // `event.wait().await?` in async code
+/// assert!(event.is_done() && job.is_done());
+/// # drop(job); Ok(()) }
+/// ```
 #[derive(Debug)]
 #[must_use = "futures do nothing unless awaited"]
 pub struct Wait {

@@ -4,6 +4,22 @@ use std::sync::Arc;
 
 /// Everything that can go wrong, each with enough context to act on.
 ///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceBuffer, Error, Pipeline};
+/// let device = Device::cpu();
+/// let mut dev = DeviceBuffer::<f32>::new(&device, 4)?;
+/// match dev.copy_from_host_sync(&[1.0; 3]) {
+///     Err(Error::LengthMismatch { expected, got, .. }) => assert_eq!((expected, got), (4, 3)),
+///     Err(other) => return Err(other), // non-exhaustive: keep a catch-all arm
+///     Ok(()) => unreachable!("3 values into a buffer of 4"),
+/// }
+/// let err = Pipeline::new(&device, 0).err().expect("a pipeline of no streams");
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// assert_eq!(err.to_string(), "invalid argument: a pipeline needs at least one stream");
+/// # Ok(()) }
+/// ```
+///
 /// Non-exhaustive: match the variants you act on and keep a `_` arm.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -135,6 +151,17 @@ impl From<std::io::Error> for Error {
 }
 
 /// The crate's result type.
+///
+/// ```rust
+/// use gpufeed::{Device, DeviceBuffer};
+/// fn first_value(device: &Device) -> gpufeed::Result<f32> {
+///     let mut dev = DeviceBuffer::<f32>::new(device, 1)?;
+///     let mut out = [f32::NAN];
+///     dev.copy_to_host_sync(&mut out)?;
+///     Ok(out[0])
+/// }
+/// assert_eq!(first_value(&Device::cpu()).unwrap(), 0.0); // zeroed on the CPU emulation
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Byte size of `count` values of `T`, or [`Error::SizeOverflow`].
@@ -152,6 +179,19 @@ pub(crate) fn byte_size<T>(count: usize) -> Result<usize> {
 /// is known to be done with it (always, except when work was queued and its
 /// end can't be observed on a live context: then the buffers are leaked
 /// rather than freed under the GPU, and `bundle` is `None`).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Error, JobError, PinnedBuffer, Stream};
+/// let device = Device::cpu();
+/// let host = PinnedBuffer::<f32>::new(&device, 4)?;
+/// let dev = DeviceBuffer::<f32>::new(&device, 8)?; // not the host buffer's length
+/// let err: JobError<_> = block_on(Stream::new(&device)?.copy_h2d(host, dev)).unwrap_err();
+/// assert!(matches!(err.error, Error::LengthMismatch { expected: 4, got: 8, .. }));
+/// let (host, dev) = err.bundle.expect("nothing ran: the buffers come back");
+/// assert_eq!((host.len(), dev.len()), (4, 8));
+/// # Ok(()) }
+/// ```
 ///
 /// Converts into [`Error`] (dropping the bundle), so `?` works in functions
 /// returning [`Result`].

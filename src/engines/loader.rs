@@ -86,6 +86,20 @@ pub fn permutation(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
 pub const MAX_WORLD_SIZE: usize = 1 << 20;
 
 /// The shape of a loader: batch size, order, prefetch depth and shard.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{batches_per_epoch, epoch_indices, Error, LoaderConfig};
+/// let config = LoaderConfig { shuffle: true, seed: 42, drop_last: true, ..LoaderConfig::new(64) };
+/// config.check()?;
+/// assert_eq!(batches_per_epoch(1000, &config), 15); // 15 × 64 rows, 40 dropped
+/// // Rank 1 of 4 processes: a quarter of each epoch's rows, disjoint from the others'.
+/// let shard = LoaderConfig { rank: 1, world_size: 4, ..config };
+/// assert_eq!(epoch_indices(1000, &shard, 0).len(), 250);
+/// let err = LoaderConfig { rank: 4, ..shard }.check().unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoaderConfig {
     /// Rows per batch (at least 1).
@@ -215,6 +229,19 @@ fn epoch_indices_len(n: usize, config: &LoaderConfig) -> usize {
 
 /// The rows of one field of a loader's source: memory in one or several
 /// segments (concatenated), each a whole number of rows of `row_bytes`.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Error, RowSource};
+/// let features = vec![0.5f32; 10 * 3];
+/// let rows = RowSource::new(&features, 3)?; // 10 rows of 3 values
+/// assert_eq!((rows.rows(), rows.row_bytes()), (10, 12));
+/// let halves = RowSource::concat(&[&features[..15], &features[15..]], 3)?; // two segments
+/// assert_eq!(halves.rows(), 10);
+/// let err = RowSource::new(&features, 4).unwrap_err(); // 30 values aren't rows of 4
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RowSource<'a> {
     /// (address, rows) of each segment.
@@ -418,6 +445,23 @@ impl<'a> RowSource<'a> {
 
 /// One batch: a device buffer per field (in the order the fields were
 /// given), `rows` rows each, the data on the device.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use futures::StreamExt;
+/// use gpufeed::{block_on, Batch, Device, Loader, LoaderConfig, RowSource};
+/// let device = Device::cpu();
+/// let features: Vec<u16> = (0..40).collect(); // 20 rows of 2
+/// let labels: Vec<u16> = (100..120).collect(); // one per row
+/// let fields = vec![RowSource::new(&features, 2)?, RowSource::new(&labels, 1)?];
+/// let mut loader = Loader::<u16>::new(&device, fields, LoaderConfig::new(8))?;
+/// let mut batch: Batch<u16> = block_on(loader.next()).expect("an epoch of 3 batches")?;
+/// assert_eq!((batch.index, batch.rows, batch.fields.len()), (0, 8, 2));
+/// let mut first_labels = [0u16; 8];
+/// batch.fields[1].copy_to_host_sync(&mut first_labels)?;
+/// assert_eq!(first_labels, [100, 101, 102, 103, 104, 105, 106, 107]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Batch<T: Pod> {
     /// The fields' device buffers, `rows × row_len` values each.
@@ -431,6 +475,23 @@ pub struct Batch<T: Pod> {
 /// Where a loader's time went since it was made, on the thread polling it:
 /// tells a loader bound by its gathers (host memory) from one bound by the
 /// link. The time spent waiting for DMAs is the rest of the wall time.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use futures::StreamExt;
+/// use gpufeed::{block_on, Device, Loader, LoaderConfig, LoaderStats, RowSource};
+/// let device = Device::cpu();
+/// let data = vec![1u32; 64 * 4]; // 64 rows of 4
+/// let rows = RowSource::new(&data, 4)?;
+/// let mut loader = Loader::<u32>::new(&device, vec![rows], LoaderConfig::new(16))?;
+/// while let Some(batch) = block_on(loader.next()) {
+///     batch?;
+/// }
+/// let stats: LoaderStats = loader.stats();
+/// assert_eq!((stats.batches, stats.bytes), (4, 64 * 4 * 4));
+/// println!("gathers {:?}, allocations {:?}, issues {:?}", stats.gather, stats.alloc, stats.issue);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoaderStats {
     /// Batches gathered and sent.
@@ -460,6 +521,27 @@ struct InFlightBatch<T: Pod> {
 /// the indices cross the link), else by the staging workers into pinned
 /// blocks sent on the loader's own stream ([`Loader::gather`] says which).
 ///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use futures::StreamExt; // a `Loader` is a `futures::Stream` of batches
+/// use gpufeed::{block_on, Device, Loader, LoaderConfig, RowSource};
+/// let device = Device::cpu();
+/// let data: Vec<f32> = (0..100 * 8).map(|i| i as f32).collect();
+/// let rows = RowSource::new(&data, 8)?; // 100 rows of 8 values
+/// let config = LoaderConfig { shuffle: true, ..LoaderConfig::new(32) };
+/// let mut loader = Loader::<f32>::new(&device, vec![rows], config)?;
+/// assert_eq!(loader.len(), 4); // batches of 32, 32, 32 and 4 rows
+/// for epoch in 0..2 {
+///     loader.start_epoch(epoch, 0); // each epoch its own order
+///     let mut rows_seen = 0;
+///     while let Some(batch) = block_on(loader.next()) { // `loader.next().await` in async code
+///         rows_seen += batch?.rows; // `fields[0]`: `rows` × 8 `f32` on the device
+///     }
+///     assert_eq!(rows_seen, 100);
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Cancel safety
 /// Gathered on the host ([`Gather::Host`]), rows are read only inside a
 /// call (`poll_next`, [`Loader::fill_ahead`]), which returns once they are
@@ -473,26 +555,6 @@ struct InFlightBatch<T: Pod> {
 /// and dropping it waits for its last gather (at most `prefetch` batches')
 /// before letting go; a leaked loader leaks the guard. A batch handed out
 /// is the caller's, untouched by the loader.
-///
-/// ```no_run
-/// # async fn demo() -> gpufeed::Result<()> {
-/// use futures::StreamExt;
-/// use gpufeed::{Device, Loader, LoaderConfig, RowSource};
-/// let device = Device::from_env()?;
-/// let data: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
-/// let rows = RowSource::new(&data, 1024)?; // rows of 1024 values
-/// let mut config = LoaderConfig::new(64);
-/// config.shuffle = true;
-/// let mut loader = Loader::<f32>::new(&device, vec![rows], config)?;
-/// for epoch in 0..2 {
-///     loader.start_epoch(epoch, 0);
-///     while let Some(batch) = loader.next().await {
-///         let batch = batch?; // batch.fields[0]: 64 × 1024 f32 on the device
-///         # drop(batch);
-///     }
-/// }
-/// # Ok(()) }
-/// ```
 pub struct Loader<'a, T: Pod> {
     device: Device,
     /// Batch `k` runs on `streams[k % streams.len()]`: one stream for
@@ -533,6 +595,28 @@ pub struct Loader<'a, T: Pod> {
 }
 
 /// Where a [`Loader`] gathers a batch's rows.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use futures::StreamExt;
+/// use gpufeed::{block_on, Device, Gather, Loader, LoaderConfig, Registered, RowSource};
+/// use std::sync::Arc;
+/// let device = Device::cpu();
+/// let data: Vec<u32> = (0..64).collect(); // 16 rows of 4
+/// // Ordinary memory: threads gather the rows into pinned blocks.
+/// let rows = RowSource::new(&data, 4)?;
+/// let loader = Loader::<u32>::new(&device, vec![rows], LoaderConfig::new(8))?;
+/// assert_eq!(loader.gather(), Gather::Host);
+/// // Pinned in place: a kernel gathers them where they are.
+/// let pinned = RowSource::registered(Arc::new(Registered::new(&device, data.clone())?), 4)?;
+/// let mut loader = Loader::<u32>::new(&device, vec![pinned], LoaderConfig::new(8))?;
+/// assert_eq!(loader.gather(), Gather::Device);
+/// let mut batch = block_on(loader.next()).expect("a batch")?; // rows 0..8
+/// let mut out = vec![0u32; 8 * 4];
+/// batch.fields[0].copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, data[..32]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]

@@ -25,6 +25,31 @@ const PART_ALIGN: usize = 64;
 
 /// One pipeline per device, for runs that spread one array over all of
 /// them ([`MultiPipeline::run`]).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, BackendChoice, Device, DeviceOptions, Kernel, MultiPipeline};
+/// use gpufeed::{PinnedPool, Plan};
+/// // Two emulated devices (on GPUs: `Device::all(DeviceOptions::from_env()?)?`).
+/// let opts = DeviceOptions {
+///     backend: BackendChoice::Cpu,
+///     emulated_devices: 2,
+///     ..Default::default()
+/// };
+/// let devices = Device::all(opts)?;
+/// let multi = MultiPipeline::new(&devices, 2)?;
+/// let n = 10_000;
+/// assert_eq!(multi.parts(n), [0..5056, 5056..10_000]); // device 0, device 1
+/// let pool = PinnedPool::new(&devices[0]); // pinned for every device of the backend
+/// let mut input = pool.alloc::<f32>(n)?;
+/// input.as_mut_slice().fill(1.0);
+/// let output = pool.alloc::<f32>(n)?;
+/// let job = multi.run(input, output, Kernel::Scale { s: 4.0 }, Plan::uniform(2, 2));
+/// let ((_, output), infos) = block_on(job)?;
+/// assert_eq!(infos.len(), 2); // one `RunInfo` per device
+/// assert!(output.as_slice().iter().all(|&v| v == 4.0));
+/// # Ok(()) }
+/// ```
 pub struct MultiPipeline {
     pipes: Vec<Pipeline>,
 }
@@ -191,6 +216,22 @@ enum State<B: Send + 'static> {
 /// A run over several devices in flight; resolves to `(bundle, each
 /// device's RunInfo)` when every part is done, or to a [`JobError`] that
 /// hands the bundle back.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, Error, Kernel, MultiJob, MultiPipeline, PinnedBuffer, Plan};
+/// let device = Device::cpu();
+/// let multi = MultiPipeline::new(&[device.clone()], 2)?;
+/// let input = PinnedBuffer::<f32>::new(&device, 100)?;
+/// let output = PinnedBuffer::<f32>::new(&device, 50)?; // too short
+/// let job: MultiJob<_> = multi.run(input, output, Kernel::Scale { s: 2.0 }, Plan::auto(100));
+/// assert!(job.is_done()); // refused before anything was enqueued
+/// let err = block_on(job).unwrap_err();
+/// assert!(matches!(err.error, Error::LengthMismatch { expected: 100, got: 50, .. }));
+/// let (input, output) = err.bundle.expect("the buffers come back");
+/// assert_eq!((input.len(), output.len()), (100, 50));
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 /// As [`Job`]: dropping it cancels nothing; the bundle is dropped when the

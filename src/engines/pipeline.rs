@@ -49,6 +49,20 @@ use std::sync::{Arc, Mutex};
 
 /// How a run is cut: how many chunks, how they are laid over streams, and
 /// whether their sizes ramp.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Layout, Plan};
+/// let plan = Plan::auto(10_000_000); // sqrt(40 MB / 320 KiB) chunks, engine streams
+/// assert_eq!((plan.chunks, plan.layout), (11, Layout::Engines { slots: 4 }));
+/// assert_eq!(Plan::auto_for(10_000_000, 2), Plan::uniform(11, 2)); // for 2 streams
+/// let plan = Plan::uniform(4, 2).chained();
+/// assert_eq!(plan.to_string(), "4 chunks x 2 streams, chained");
+/// assert_eq!(plan.ranges(1000)[3], 768..1000); // multiples of 64 elements but the last
+/// let err = Plan::uniform(0, 2).validate(1000).unwrap_err();
+/// assert!(matches!(err, gpufeed::Error::InvalidArgument(_)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// Chunks the arrays are cut into, at most. A plan is reduced, never
@@ -85,6 +99,19 @@ pub struct Plan {
 }
 
 /// How a run's chunks go over the pipeline's streams.
+///
+/// ```rust
+/// use gpufeed::{Layout, Plan};
+/// let plan = Plan::uniform(8, 4);
+/// assert_eq!(plan.layout, Layout::RoundRobin { streams: 4, chain: false });
+/// assert_eq!(plan.layout.name(), "round-robin");
+/// let engines = Plan::engines(8, 3); // 3 sets of device buffers in flight
+/// assert_eq!(engines.layout.name(), "engines");
+/// assert_eq!(engines.streams_used(), 3); // copy-in, compute, copy-out
+/// let layout = Layout::RoundRobin { streams: 2, chain: true };
+/// let own = Plan { chunks: 16, layout, ramp: false };
+/// assert_eq!(own, Plan::uniform(16, 2).chained());
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Chunk `i` goes to stream `i % streams`, which copies it in, runs the
@@ -329,6 +356,25 @@ impl std::fmt::Display for Plan {
 
 /// GPU timestamps of one chunk: before H2D, after H2D, after the kernel,
 /// after D2H (for the timeline plot). Measure with [`Mark::elapsed_ms`].
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, ChunkEvents, Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let pool = PinnedPool::new(&device);
+/// let (input, output) = (pool.alloc::<f32>(4096)?, pool.alloc::<f32>(4096)?);
+/// let (k, plan) = (Kernel::Scale { s: 2.0 }, Plan::uniform(4, 2));
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// let (_, info) = block_on(pipeline.run(input, output, k, plan, Timeline::Record))?;
+/// let timeline: Vec<ChunkEvents> = info.timeline.expect("recorded");
+/// for c in &timeline {
+///     let [start, copied_in, computed, copied_out] = &c.events;
+///     let (h2d, d2h) = (start.elapsed_ms(copied_in)?, computed.elapsed_ms(copied_out)?);
+///     println!("chunk {} on stream {}: H2D {h2d:.3} ms, D2H {d2h:.3} ms", c.chunk, c.stream);
+/// }
+/// assert_eq!(timeline.iter().map(|c| c.stream).collect::<Vec<_>>(), [0, 1, 0, 1]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct ChunkEvents {
     /// Chunk index.
@@ -341,6 +387,20 @@ pub struct ChunkEvents {
 
 /// Whether a run records its timeline: four timed points of each chunk
 /// ([`RunInfo::timeline`]), for a timeline plot.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let (pool, pipeline) = (PinnedPool::new(&device), Pipeline::new(&device, 2)?);
+/// let (k, plan) = (Kernel::Scale { s: 2.0 }, Plan::uniform(4, 2));
+/// let (x, y) = (pool.alloc::<f32>(4096)?, pool.alloc::<f32>(4096)?);
+/// let ((x, y), info) = block_on(pipeline.run(x, y, k, plan, Timeline::Off))?;
+/// assert!(info.timeline.is_none());
+/// let (_, info) = block_on(pipeline.run(x, y, k, plan, Timeline::Record))?;
+/// assert_eq!(info.timeline.map(|t| t.len()), Some(4)); // one entry per chunk
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Timeline {
     /// No timed points.
@@ -358,6 +418,21 @@ impl Timeline {
 }
 
 /// What a run hands back besides the buffers.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, Kernel, PinnedPool, Pipeline, Plan, RunInfo, Timeline};
+/// let device = Device::cpu();
+/// let pool = PinnedPool::new(&device);
+/// let (x, y) = (pool.alloc::<f32>(200)?, pool.alloc::<f32>(200)?);
+/// let plan = Plan::uniform(8, 2);
+/// let job = Pipeline::new(&device, 2)?.run(x, y, Kernel::Scale { s: 2.0 }, plan, Timeline::Off);
+/// let (_, info): (_, RunInfo) = block_on(job)?;
+/// assert_eq!(info.plan, plan);
+/// assert_eq!(info.chunks, 4); // 200 elements: 4 chunks of at least 64, not 8
+/// assert!(info.timeline.is_none()); // not asked for
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct RunInfo {
     /// The plan used, as asked.
@@ -371,6 +446,24 @@ pub struct RunInfo {
 }
 
 /// Streams and per-stream device scratch for pipelined runs; reusable.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let pool = PinnedPool::new(&device);
+/// let n = 1 << 20;
+/// let mut input = pool.alloc::<f32>(n)?;
+/// input.as_mut_slice().fill(1.5);
+/// let output = pool.alloc::<f32>(n)?;
+/// let pipeline = Pipeline::new(&device, 4)?;
+/// let plan = Plan::auto(n); // 4 chunks on the copy-in, compute and copy-out streams
+/// let job = pipeline.run(input, output, Kernel::Scale { s: 2.0 }, plan, Timeline::Off);
+/// let ((_input, output), info) = block_on(job)?; // `job.await?` in async code
+/// assert!(output.as_slice().iter().all(|&y| y == 3.0));
+/// assert_eq!(info.chunks, 4);
+/// # Ok(()) }
+/// ```
 pub struct Pipeline {
     device: Device,
     streams: Vec<Stream>,
@@ -405,6 +498,23 @@ impl RunState {
 
 /// One host array of a pipeline run: pinned memory of one element type
 /// ([`PinnedBuffer`], [`PooledBuffer`], [`Registered`]).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, PinnedPool, Pipeline, Plan, Registered, Timeline};
+/// let device = Device::cpu();
+/// // A registered `Vec` in, a pool's buffer out: both `PinnedArray`s of `u32`.
+/// let input = Registered::new(&device, (0..1000u32).collect())?;
+/// let output = PinnedPool::new(&device).alloc::<u32>(1000)?;
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// let plan = Plan::uniform(4, 2);
+/// let job = pipeline.run_stage((input,), (output,), plan, Timeline::Off, |c, chunk| {
+///     c.copy_d2d(chunk.input::<u32>(0)?, chunk.output::<u32>(0)?)
+/// });
+/// let (((input,), (output,)), _) = block_on(job)?;
+/// assert_eq!(output.as_slice(), input.as_slice());
+/// # Ok(()) }
+/// ```
 pub trait PinnedArray: Send + 'static {
     /// The element type.
     type Elem: Pod;
@@ -467,6 +577,25 @@ fn erase_destination<A: PinnedArray>(a: &mut A) -> Erased {
 /// The host arrays of a run: a tuple of one to four [`PinnedArray`]s,
 /// whose element types may differ.
 ///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, PinnedBuffer, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let x = PinnedBuffer::from_slice(&device, &[1.0f32; 1000])?;
+/// let y = PinnedBuffer::from_slice(&device, &[2.0f32; 1000])?;
+/// let out = PinnedBuffer::<f32>::new(&device, 1000)?;
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// // Inputs `(x, y)` and outputs `(out,)`: SAXPY, out = 3 x + y, chunk by chunk.
+/// let job = pipeline.run_stage((x, y), (out,), Plan::uniform(4, 2), Timeline::Off, |c, chunk| {
+///     let out = chunk.output::<f32>(0)?;
+///     c.copy_d2d(chunk.input::<f32>(1)?, out)?;
+///     c.saxpy(3.0, chunk.input::<f32>(0)?, out)
+/// });
+/// let (((_x, _y), (out,)), _) = block_on(job)?;
+/// assert!(out.as_slice().iter().all(|&v| v == 5.0));
+/// # Ok(()) }
+/// ```
+///
 /// Sealed: implemented by this crate only (for tuples of [`PinnedArray`]s and
 /// [`KeepAlive`]), since the pipeline copies to and from the addresses these
 /// report.
@@ -490,6 +619,33 @@ mod sealed {
 /// No host arrays, only something a run must keep alive until its work is
 /// done: the outputs of a run whose stage writes device memory of its own
 /// (given to the stage as views) instead of host arrays. Nothing is copied
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::interop::{device_ptr, device_slice_mut};
+/// use gpufeed::{block_on, Device, DeviceBuffer, KeepAlive, Kernel, PinnedBuffer};
+/// use gpufeed::{Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let x = PinnedBuffer::from_slice(&device, &[2.0f32; 1000])?;
+/// let out = DeviceBuffer::<f32>::new(&device, 1000)?; // the result stays on the device
+/// let addr = device_ptr(&out);
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// let plan = Plan::uniform(4, 2);
+/// let job = pipeline.run_stage((x,), KeepAlive(out), plan, Timeline::Off, |c, chunk| {
+///     let r = chunk.range();
+///     // SAFETY: `out`, owned by the job, holds 1000 floats at `addr`; the
+///     // chunks are disjoint, and nothing else uses `out` during the run.
+///     let dst = unsafe { device_slice_mut::<f32>(&device, addr + 4 * r.start as u64, r.len()) };
+///     c.copy_d2d(chunk.input::<f32>(0)?, dst)?;
+///     c.kernel(Kernel::Scale { s: 3.0 }, dst)
+/// });
+/// let ((_x, KeepAlive(mut out)), _) = block_on(job)?;
+/// let mut back = vec![0f32; 1000];
+/// out.copy_to_host_sync(&mut back)?;
+/// assert!(back.iter().all(|&v| v == 6.0));
+/// # Ok(()) }
+/// ```
+///
 /// out; the job hands `T` back with the inputs.
 #[derive(Debug)]
 pub struct KeepAlive<T>(pub T);
@@ -525,6 +681,26 @@ arrays!(A 0, B 1, C 2, D 3);
 
 /// One chunk on the device, as a stage sees it: the chunk's part of every
 /// input (copied in) and every output (copied out after the stage), typed.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, PinnedBuffer, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let x = PinnedBuffer::from_slice(&device, &[1.0f32; 1000])?;
+/// let y = PinnedBuffer::<f32>::new(&device, 1000)?;
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// let seen = std::cell::RefCell::new(Vec::new());
+/// let job = pipeline.run_stage((x,), (y,), Plan::uniform(4, 2), Timeline::Off, |c, chunk| {
+///     seen.borrow_mut().push((chunk.index(), chunk.range()));
+///     assert!(chunk.input::<u32>(0).is_err()); // input 0 holds `f32`
+///     c.copy_d2d(chunk.input::<f32>(0)?, chunk.output::<f32>(0)?)
+/// });
+/// block_on(job)?;
+/// let seen = seen.into_inner();
+/// assert_eq!(seen[1], (1, 256..512)); // chunks of 256, the last of 232
+/// assert_eq!(seen.last(), Some(&(3, 768..1000)));
+/// # Ok(()) }
+/// ```
 pub struct Chunk<'a> {
     index: usize,
     range: Range<usize>,
@@ -920,11 +1096,17 @@ impl Pipeline {
     /// output's chunk is copied out. `stage` runs while the run is enqueued,
     /// once per chunk, on the calling thread.
     ///
-    /// ```no_run
-    /// # async fn f(pipe: &gpufeed::Pipeline, pool: &gpufeed::PinnedPool) -> gpufeed::Result<()> {
+    /// ```rust
+    /// # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
+    /// # let device = gpufeed::Device::cpu();
+    /// # let pipe = gpufeed::Pipeline::new(&device, 4)?;
+    /// # let pool = gpufeed::PinnedPool::new(&device);
     /// // SAXPY through the pipeline: two inputs, one output.
-    /// let n = 10_000_000;
-    /// let (x, y, out) = (pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?, pool.alloc::<f32>(n)?);
+    /// let n = 1_000_000;
+    /// let alloc = || pool.alloc::<f32>(n);
+    /// let (mut x, mut y, out) = (alloc()?, alloc()?, alloc()?);
+    /// x.as_mut_slice().fill(1.0);
+    /// y.as_mut_slice().fill(0.5);
     /// let (((x, y), (out,)), _) = pipe
     ///     .run_stage((x, y), (out,), gpufeed::Plan::auto(n), gpufeed::Timeline::Off, |c, chunk| {
     ///         let y_out = chunk.output::<f32>(0)?;
@@ -932,7 +1114,8 @@ impl Pipeline {
     ///         c.saxpy(2.0, chunk.input::<f32>(0)?, y_out)
     ///     })
     ///     .await?;
-    /// # Ok(()) }
+    /// assert!(out.as_slice().iter().all(|&v| v == 2.5));
+    /// # drop((x, y)); Ok(()) }) }
     /// ```
     ///
     /// # Errors

@@ -37,10 +37,13 @@ impl Pipeline {
     /// one output array ([`Chunk::input`] `0`, [`Chunk::output`] `0`), cut
     /// by [`Plan::auto_for`]; `stage` runs once per chunk of every window.
     ///
-    /// ```no_run
-    /// # async fn f(pipe: &gpufeed::Pipeline, staging: &gpufeed::Staging) -> gpufeed::Result<()> {
+    /// ```rust
+    /// # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
+    /// # let device = gpufeed::Device::cpu();
+    /// # let pipe = gpufeed::Pipeline::new(&device, 4)?;
+    /// # let staging = &gpufeed::Staging::new(&device)?;
     /// // y = 3 x from a Vec into a Vec: no pinned memory of the caller's.
-    /// let x: Vec<f32> = (0..10_000_000).map(|i| i as f32).collect();
+    /// let x: Vec<f32> = (0..1_000_000).map(|i| i as f32).collect();
     /// let mut y = vec![0f32; x.len()];
     /// pipe.run_slices(staging, &x, &mut y, |c, chunk| {
     ///     let out = chunk.output::<f32>(0)?;
@@ -49,7 +52,7 @@ impl Pipeline {
     /// })
     /// .await?;
     /// assert_eq!(y[7], 21.0);
-    /// # Ok(()) }
+    /// # Ok(()) }) }
     /// ```
     ///
     /// # Errors

@@ -146,6 +146,23 @@ pub const MAX_STAGING_THREADS: usize = 256;
 pub const DEFAULT_MAX_THREADS: usize = 16;
 
 /// How a copy reaches the device.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceBuffer, Route, Staging, StagingConfig};
+/// let device = Device::cpu();
+/// let data = vec![7u32; 1000]; // 4 KB: `Route::Auto` would copy it directly
+/// let mut dev = DeviceBuffer::<u32>::new(&device, data.len())?;
+/// // Through the pinned ring, whatever the size.
+/// let staged = StagingConfig { route: Route::Staged, ..StagingConfig::for_device(&device) };
+/// let staging = Staging::with_config(&device, staged)?;
+/// staging.h2d_blocking(&data, &mut dev)?;
+/// assert!(staging.pool_stats().peak_in_use_bytes > 0); // a block of the ring was used
+/// let direct = Staging::with_config(&device, StagingConfig { route: Route::Direct, ..staged })?;
+/// direct.h2d_blocking(&data, &mut dev)?;
+/// assert_eq!(direct.pool_stats().peak_in_use_bytes, 0); // one driver copy, no block
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Route {
     /// Direct below [`StagingConfig::direct_h2d_below`] (host-to-device) or
@@ -160,6 +177,20 @@ pub enum Route {
 }
 
 /// The shape of a staging engine.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, Error, Staging, StagingConfig};
+/// let device = Device::cpu();
+/// let default = StagingConfig::for_device(&device); // 4 blocks of 8 MiB
+/// let small = StagingConfig { block_bytes: 1 << 20, blocks: 2, ..default };
+/// assert_eq!(small.total_bytes(), 2 << 20); // the most pinned memory the engine holds
+/// let staging = Staging::with_config(&device, small)?;
+/// assert_eq!(staging.config(), small);
+/// let err = Staging::with_config(&device, StagingConfig { blocks: 0, ..small }).unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StagingConfig {
     /// Bytes in one pinned block (at least 4 KiB). Each is a block of the
@@ -273,16 +304,16 @@ impl StagingConfig {
 /// from many tasks at once (they share the ring: each copy waits for a
 /// block when all are in use).
 ///
-/// ```no_run
-/// # async fn demo() -> gpufeed::Result<()> {
-/// use gpufeed::{Device, DeviceBuffer, Staging};
-/// let device = Device::from_env()?;
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Staging};
+/// let device = Device::cpu();
 /// let staging = Staging::new(&device)?;
-/// let data: Vec<f32> = (0..1 << 26).map(|i| i as f32).collect();
+/// let data: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect(); // ordinary memory
 /// let mut dev = DeviceBuffer::<f32>::new(&device, data.len())?;
-/// staging.h2d(&data, &mut dev).await?;
+/// block_on(staging.h2d(&data, &mut dev))?; // `staging.h2d(..).await?` in async code
 /// let mut back = vec![0f32; data.len()];
-/// staging.d2h(&dev, &mut back).await?;
+/// staging.d2h_blocking(&dev, &mut back)?; // the same, for synchronous code
 /// assert_eq!(back, data);
 /// # Ok(()) }
 /// ```
@@ -982,6 +1013,27 @@ struct Seg<'a> {
 
 /// One piece of a file read by [`Staging::read_file_pieces`]: the file's
 /// bytes from offset `at` into `dst[range]` (elements).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceBuffer, FileIo, FilePiece, Staging};
+/// let path = std::env::temp_dir().join(format!("gpufeed-doc-pieces-{}", std::process::id()));
+/// std::fs::write(&path, (0..=255u8).collect::<Vec<u8>>())?; // byte i is i
+/// let device = Device::cpu();
+/// let staging = Staging::new(&device)?;
+/// let (mut a, mut b) = (DeviceBuffer::<u8>::new(&device, 16)?, DeviceBuffer::new(&device, 32)?);
+/// let pieces = vec![
+///     FilePiece { at: 0, dst: &mut a, range: 0..16 },   // bytes 0..16
+///     FilePiece { at: 100, dst: &mut b, range: 0..32 }, // bytes 100..132
+/// ];
+/// let file = std::fs::File::open(&path)?;
+/// staging.read_file_pieces_blocking(&file, pieces, FileIo::Auto)?; // one pass through the ring
+/// let mut out = vec![0u8; 32];
+/// b.copy_to_host_sync(&mut out)?;
+/// assert_eq!((out[0], out[31]), (100, 131));
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
 pub struct FilePiece<'a, T: Pod> {
     /// Offset in the file of the piece's first byte.
     pub at: u64,
@@ -1011,6 +1063,21 @@ struct Slot {
 
 /// A staged copy in progress ([`Staging::h2d`], [`Staging::d2h`]): a
 /// future resolving to `Ok(())` when the data has arrived.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Error, StagedCopy, Staging};
+/// let device = Device::cpu();
+/// let staging = Staging::new(&device)?;
+/// let data = vec![1u8; 4 << 20];
+/// let mut dev = DeviceBuffer::<u8>::new(&device, data.len())?;
+/// let copy: StagedCopy<'_> = staging.h2d(&data, &mut dev); // borrows both until done
+/// assert_eq!(copy.file_io(), None); // not a file read
+/// block_on(copy)?; // `copy.await?` in async code
+/// let err = block_on(staging.h2d(&data[..10], &mut dev)).unwrap_err();
+/// assert!(matches!(err, Error::LengthMismatch { expected: 4194304, got: 10, .. }));
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 /// See [`Staging::h2d`] and [`Staging::d2h`]: dropping it stops the copy

@@ -29,6 +29,23 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 
 /// How a file is read into the ring ([`crate::Staging::read_file_with`]).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, FileIo, Staging};
+/// let path = std::env::temp_dir().join(format!("gpufeed-doc-fileio-{}", std::process::id()));
+/// std::fs::write(&path, vec![3u8; 1 << 16])?;
+/// let device = Device::cpu();
+/// let staging = Staging::new(&device)?;
+/// let file = std::fs::File::open(&path)?;
+/// assert_eq!(staging.file_io_for(&file, FileIo::Auto)?, FileIo::Buffered);
+/// let mut dev = DeviceBuffer::<u8>::new(&device, 1 << 16)?;
+/// let read = staging.read_file_with(&file, 0, &mut dev, 0..1 << 16, FileIo::Auto);
+/// assert_eq!(read.file_io(), Some(FileIo::Buffered)); // the way `Auto` took
+/// block_on(read)?;
+/// # std::fs::remove_file(&path)?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum FileIo {
     /// Buffered: on the H200 machine cold `O_DIRECT` reads were no faster

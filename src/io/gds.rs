@@ -21,6 +21,19 @@ use std::fs::File;
 use std::sync::OnceLock;
 
 /// What the GPUDirect Storage probe found ([`crate::gds_status`]).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{gds_status, Device, GdsStatus, Staging};
+/// let device = Device::from_env()?; // CUDA when present, else the CPU emulation
+/// let status = gds_status(&device);
+/// println!("{status}"); // what was found, and what is missing
+/// let route = if status.is_available() { "cuFile" } else { "the staging ring" };
+/// println!("file reads of this device go through {route}");
+/// assert_eq!(gds_status(&Device::cpu()), GdsStatus::NotCuda);
+/// assert_eq!(Staging::new(&Device::cpu())?.file_route(), GdsStatus::NotCuda);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GdsStatus {
     /// cuFile reads into device memory natively (the driver's `nvfs`

@@ -21,6 +21,20 @@ pub(crate) fn backend_by_id(id: usize) -> Option<Arc<dyn Backend>> {
 }
 
 /// A handle to one device and its backend; cheap to clone.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendKind, Device};
+/// let device = Device::cpu(); // `Device::from_env()?`: CUDA when present, else this
+/// assert_eq!(device.kind(), BackendKind::Cpu);
+/// println!("{}", device.banner()); // which backend runs, and why
+/// let handle = device.clone(); // the same device
+/// assert!(handle.same_as(&device));
+/// assert!(!Device::cpu().same_as(&device)); // another emulated device
+/// assert!(device.broken().is_none());
+/// device.synchronize()?; // nothing queued: returns at once
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Device {
     pub(crate) backend: Arc<dyn Backend>,

@@ -44,6 +44,9 @@ pub const BLOCKS_PER_SM: u32 = 8;
 /// let cfg = LaunchConfig::new((64, 64, 1), (16, 16, 1)).with_shared_bytes(8 << 10);
 /// assert_eq!(cfg.block.x * cfg.block.y, 256);
 /// assert_eq!(LaunchConfig::linear(10, 128).grid.x, 10);
+/// let device = gpufeed::Device::cpu();
+/// // A grid-stride launch over 1000 items: 4 blocks of 256 threads.
+/// assert_eq!(LaunchConfig::grid_stride(&device, 1000), LaunchConfig::linear(4, 256));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchConfig {
@@ -147,6 +150,38 @@ impl LaunchConfig {
 }
 
 /// A loaded module of PTX: the kernels of one kernel crate.
+///
+/// ```rust
+/// use gpufeed::kernel_abi::{kernels, thread, SliceMut};
+/// use gpufeed::{block_on, Device, DeviceBuffer, LaunchConfig, Module, Stream};
+/// kernels! {
+///     /// `x[i] += 1` (declared in a kernel crate, built to PTX by its build script).
+///     pub unsafe fn add_one(x: SliceMut<u32>) {
+///         let mut i = thread::global_id();
+///         while i < x.len() {
+///             // SAFETY: i < len; one thread per index (grid stride).
+///             unsafe { x.write(i, x.read(i) + 1) };
+///             i += thread::grid_stride();
+///         }
+///     }
+/// }
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::cpu();
+/// # let ptx = "";
+/// // SAFETY: `ptx` is what kernel-builder built from the crate declaring
+/// // `add_one` (the CPU emulation loads nothing: it runs the host build).
+/// let module = unsafe { Module::from_ptx(&device, ptx)? };
+/// let f = module.function::<add_one>()?; // not `let add_one`: that names the type
+/// let mut x = DeviceBuffer::<u32>::new(&device, 1000)?;
+/// x.copy_from_host_sync(&vec![41; 1000])?;
+/// let (mut x, ()) = block_on(Stream::new(&device)?.run(x, |c, x| {
+///     c.launch(&f, LaunchConfig::grid_stride(c.device(), 1000), (x.view_mut(),))
+/// }))?;
+/// let mut out = vec![0u32; 1000];
+/// x.copy_to_host_sync(&mut out)?;
+/// assert!(out.iter().all(|&v| v == 42));
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Module {
     raw: Arc<crate::backend::RawModule>,
@@ -210,6 +245,37 @@ impl Module {
 }
 
 /// A kernel of a loaded [`Module`], typed by its declaration.
+///
+/// ```rust
+/// use gpufeed::kernel_abi::{kernels, thread, SliceMut};
+/// use gpufeed::{block_on, Device, DeviceBuffer, Function, LaunchConfig, Module, Stream};
+/// kernels! {
+///     /// `x[i] = i`.
+///     pub unsafe fn iota(x: SliceMut<u32>) {
+///         let mut i = thread::global_id();
+///         while i < x.len() {
+///             // SAFETY: i < len; one thread per index (grid stride).
+///             unsafe { x.write(i, i as u32) };
+///             i += thread::grid_stride();
+///         }
+///     }
+/// }
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::cpu();
+/// # let ptx = "";
+/// // SAFETY: `ptx` was built from the crate declaring `iota`.
+/// let f: Function<iota> = unsafe { Module::from_ptx(&device, ptx)? }.function()?;
+/// assert_eq!(format!("{f:?}"), r#"Function { name: "iota" }"#);
+/// let x = DeviceBuffer::<u32>::new(&device, 5)?;
+/// let g = f.clone(); // cheap; a batch may also take it by `move`
+/// let (mut x, ()) = block_on(Stream::new(&device)?.run(x, move |c, x| {
+///     c.launch(&g, LaunchConfig::grid_stride(c.device(), 5), (x.view_mut(),))
+/// }))?;
+/// let mut out = [9u32; 5];
+/// x.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [0, 1, 2, 3, 4]);
+/// # Ok(()) }
+/// ```
 pub struct Function<K> {
     pub(crate) raw: Arc<RawFunction>,
     pub(crate) device_id: usize,
@@ -245,6 +311,39 @@ mod sealed {
 }
 
 /// A host value that becomes one kernel parameter. `'a` is the batch's
+///
+/// ```rust
+/// use gpufeed::kernel_abi::{kernels, thread, Slice, SliceMut};
+/// use gpufeed::{block_on, Device, DeviceBuffer, LaunchConfig, Module, Stream};
+/// kernels! {
+///     /// `y = a * x + y`.
+///     pub unsafe fn axpy(a: f32, x: Slice<f32>, y: SliceMut<f32>) {
+///         let mut i = thread::global_id();
+///         while i < x.len() && i < y.len() {
+///             // SAFETY: i is in bounds; one thread per index (grid stride).
+///             unsafe { y.write(i, a * x.read(i) + y.read(i)) };
+///             i += thread::grid_stride();
+///         }
+///     }
+/// }
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::cpu();
+/// # let ptx = "";
+/// // SAFETY: `ptx` was built from the crate declaring `axpy`.
+/// let f = unsafe { Module::from_ptx(&device, ptx)? }.function::<axpy>()?;
+/// let (mut x, mut y) = (DeviceBuffer::new(&device, 3)?, DeviceBuffer::new(&device, 3)?);
+/// x.copy_from_host_sync(&[1.0f32, 2.0, 3.0])?;
+/// y.copy_from_host_sync(&[1.0f32; 3])?;
+/// // `f32` for `a`, a `DeviceSlice` for `Slice<f32>`, a `DeviceSliceMut` for `SliceMut<f32>`:
+/// let ((_, mut y), ()) = block_on(Stream::new(&device)?.run((x, y), |c, (x, y)| {
+///     c.launch(&f, LaunchConfig::grid_stride(c.device(), 3), (2.0f32, x.view(), y.view_mut()))
+/// }))?;
+/// let mut out = [0f32; 3];
+/// y.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [3.0, 5.0, 7.0]);
+/// # Ok(()) }
+/// ```
+///
 /// bundle borrow: device views must come from the bundle. Implemented for
 /// [`DeviceSlice`] (a `Slice<T>` parameter), [`DeviceSliceMut`]
 /// (`SliceMut<T>`), the primitive scalars, and [`ByValue`] (a user's
@@ -321,6 +420,46 @@ scalar_args!(u8, i8, u16, i16, u32, i32, u64, i64, usize, isize, f32, f64);
 
 /// A user's `#[repr(C)]` plain-data parameter (it implements
 /// [`kernel_abi::Param`]), passed by value.
+///
+/// ```rust
+/// use gpufeed::kernel_abi::{kernels, thread, Param, SliceMut};
+/// use gpufeed::{block_on, ByValue, Device, DeviceBuffer, LaunchConfig, Module, Stream};
+/// /// `x -> a x + b`, one kernel parameter.
+/// #[repr(C)]
+/// #[derive(Clone, Copy)]
+/// pub struct Affine {
+///     pub a: f32,
+///     pub b: f32,
+/// }
+/// // SAFETY: `#[repr(C)]`, two `f32`s: no padding, no pointers.
+/// unsafe impl Param for Affine {}
+/// kernels! {
+///     /// `x[i] = p.a * x[i] + p.b`.
+///     pub unsafe fn affine(x: SliceMut<f32>, p: Affine) {
+///         let mut i = thread::global_id();
+///         while i < x.len() {
+///             // SAFETY: i < len; one thread per index (grid stride).
+///             unsafe { x.write(i, p.a * x.read(i) + p.b) };
+///             i += thread::grid_stride();
+///         }
+///     }
+/// }
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::cpu();
+/// # let ptx = "";
+/// // SAFETY: `ptx` was built from the crate declaring `affine`.
+/// let f = unsafe { Module::from_ptx(&device, ptx)? }.function::<affine>()?;
+/// let mut x = DeviceBuffer::<f32>::new(&device, 4)?;
+/// x.copy_from_host_sync(&[1.0; 4])?;
+/// let p = ByValue(Affine { a: 2.0, b: 0.5 });
+/// let (mut x, ()) = block_on(Stream::new(&device)?.run(x, |c, x| {
+///     c.launch(&f, LaunchConfig::grid_stride(c.device(), 4), (x.view_mut(), p))
+/// }))?;
+/// let mut out = [0f32; 4];
+/// x.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [2.5; 4]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct ByValue<P>(pub P);
 
@@ -332,6 +471,37 @@ impl<'a, P: Param> Arg<'a> for ByValue<P> {
 }
 
 /// A tuple of [`Arg`]s: the host side of a kernel's parameter list.
+///
+/// ```rust
+/// use gpufeed::kernel_abi::{kernels, thread, Slice, SliceMut};
+/// use gpufeed::{block_on, Device, DeviceBuffer, Error, LaunchConfig, Module, Stream};
+/// kernels! {
+///     /// `dst[i] = src[i]`.
+///     pub unsafe fn copy(src: Slice<u8>, dst: SliceMut<u8>) {
+///         let mut i = thread::global_id();
+///         while i < src.len() && i < dst.len() {
+///             // SAFETY: i is in bounds; one thread per index (grid stride).
+///             unsafe { dst.write(i, src.read(i)) };
+///             i += thread::grid_stride();
+///         }
+///     }
+/// }
+/// # fn main() -> gpufeed::Result<()> {
+/// let device = Device::cpu();
+/// # let ptx = "";
+/// // SAFETY: `ptx` was built from the crate declaring `copy`.
+/// let f = unsafe { Module::from_ptx(&device, ptx)? }.function::<copy>()?;
+/// let buf = DeviceBuffer::<u8>::new(&device, 3)?;
+/// // The tuple's types are checked against `(Slice<u8>, SliceMut<u8>)` at compile
+/// // time; that the written range overlaps the read one, at run time.
+/// let err = block_on(Stream::new(&device)?.run(buf, |c, b| {
+///     let v = b.view_mut();
+///     c.launch(&f, LaunchConfig::SINGLE, (v.range(0..2)?.as_view(), v.range(1..3)?))
+/// }))
+/// .unwrap_err();
+/// assert!(matches!(err.error, Error::Overlap { what: "copy" }));
+/// # Ok(()) }
+/// ```
 pub trait Args<'a> {
     /// The kernel's parameter tuple.
     type Params: Params;
@@ -423,6 +593,21 @@ impl<K: KernelDecl> ErasedParams for TypedParams<K> {
 
 /// A kernel to apply in a pipeline or a job, without addresses: one of the
 /// in-tree elementwise kernels of `gpu-kernels`, on `f32`.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Kernel, Stream};
+/// let device = Device::cpu();
+/// let mut x = DeviceBuffer::<f32>::new(&device, 3)?;
+/// x.copy_from_host_sync(&[1.0, 2.0, 3.0])?;
+/// let k = Kernel::Scale { s: 2.0 };
+/// let (mut x, ()) = block_on(Stream::new(&device)?.launch(k, x))?;
+/// let mut out = [0f32; 3];
+/// x.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [k.reference(1.0), k.reference(2.0), k.reference(3.0)]);
+/// assert_eq!(Kernel::Intensity { k: 64 }.label(), "intensity(k=64)");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(tag = "kernel", rename_all = "lowercase"))]

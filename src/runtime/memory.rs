@@ -15,6 +15,19 @@ pub const MAX_HOST_ALIGN: usize = 4096;
 
 /// Page-locked host memory holding `len` values of `T`, freed on drop.
 ///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, PinnedBuffer};
+/// let device = Device::cpu();
+/// let mut buf = PinnedBuffer::<f32>::new(&device, 4)?;
+/// assert_eq!(buf.as_slice(), &[0.0; 4]); // contents start zeroed
+/// buf.as_mut_slice().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+/// assert_eq!((buf.len(), buf.byte_len()), (4, 16));
+/// let copy = PinnedBuffer::from_slice(&device, buf.as_slice())?;
+/// assert_eq!(copy.as_slice(), buf.as_slice());
+/// # Ok(()) }
+/// ```
+///
 /// Allocated by the driver (`cuMemHostAlloc`) with explicit [`HostFlags`]
 /// (portable by default, never write-combined unless asked: write-combined
 /// memory makes CPU reads very slow). The DMA engines copy to and from it
@@ -177,6 +190,21 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
 /// gives the `Vec` back. The guard owns the vector, so the memory can be
 /// neither freed nor moved (no push, no reallocation) while registered, and a
 /// job that holds the guard keeps it registered until the GPU is done.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Registered, Stream};
+/// let device = Device::cpu();
+/// let stream = Stream::new(&device)?;
+/// let data = Registered::new(&device, vec![1.5f32; 1024])?; // pinned where it is
+/// let dev = DeviceBuffer::<f32>::new(&device, 1024)?;
+/// let ((data, mut dev), ()) = block_on(stream.copy_h2d(data, dev))?;
+/// let v: Vec<f32> = data.into_inner(); // unregistered: the `Vec` back
+/// let mut back = vec![0f32; 1024];
+/// dev.copy_to_host_sync(&mut back)?;
+/// assert_eq!(back, v);
+/// # Ok(()) }
+/// ```
 ///
 /// A failed unregistration on drop (or in `into_inner`) has nobody to
 /// return its error to: it is counted in
@@ -362,6 +390,20 @@ impl VecBuffer {
 
 /// Device memory for `len` values of `T`, freed on drop. Contents start
 /// unspecified on CUDA (zeroed on the CPU backend).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceBuffer};
+/// let device = Device::cpu();
+/// let mut dev = DeviceBuffer::<u32>::new(&device, 3)?;
+/// dev.copy_from_host_sync(&[1, 2, 3])?; // from any host slice, synchronously
+/// let mut back = [0u32; 3];
+/// dev.copy_to_host_sync(&mut back)?;
+/// assert_eq!(back, [1, 2, 3]);
+/// let err = dev.copy_from_host_sync(&[1, 2]).unwrap_err();
+/// assert!(matches!(err, gpufeed::Error::LengthMismatch { expected: 3, got: 2, .. }));
+/// # Ok(()) }
+/// ```
 pub struct DeviceBuffer<T: Pod> {
     ptr: u64,
     len: usize,
@@ -618,6 +660,25 @@ impl MappedFlag {
 }
 
 /// A borrowed range of pinned host memory: a source of an async copy.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, HostSlice, PinnedBuffer, PinnedHost, Stream};
+/// let device = Device::cpu();
+/// let src = PinnedBuffer::from_slice(&device, &[1u8, 2, 3, 4])?;
+/// let view: HostSlice<'_, u8> = src.host();
+/// assert_eq!(view.range(1..3)?.len(), 2);
+/// assert!(matches!(view.range(2..9), Err(gpufeed::Error::OutOfBounds { .. })));
+/// // In a job: the second half of `src` into a device buffer of 2.
+/// let (stream, dev) = (Stream::new(&device)?, DeviceBuffer::<u8>::new(&device, 2)?);
+/// let ((_, mut dev), ()) = block_on(stream.run((src, dev), |c, (s, d)| {
+///     c.copy_h2d(s.host().range(2..)?, d.view_mut())
+/// }))?;
+/// let mut out = [0u8; 2];
+/// dev.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [3, 4]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct HostSlice<'a, T> {
     pub(crate) ptr: *const T,
@@ -629,6 +690,25 @@ pub struct HostSlice<'a, T> {
 }
 
 /// A mutably borrowed range of pinned host memory: a destination.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, PinnedBuffer, PinnedHost, Stream};
+/// let device = Device::cpu();
+/// let (mut a, mut b) = (DeviceBuffer::<u16>::new(&device, 2)?, DeviceBuffer::new(&device, 2)?);
+/// a.copy_from_host_sync(&[1, 2])?;
+/// b.copy_from_host_sync(&[3, 4])?;
+/// // The two halves of one pinned buffer, filled from two device buffers.
+/// let out = PinnedBuffer::<u16>::new(&device, 4)?;
+/// let stream = Stream::new(&device)?;
+/// let ((_, _, out), ()) = block_on(stream.run((a, b, out), |c, (a, b, o)| {
+///     let (low, high) = o.host_mut().split_at(2)?;
+///     c.copy_d2h(a.view(), low)?;
+///     c.copy_d2h(b.view(), high)
+/// }))?;
+/// assert_eq!(out.as_slice(), &[1, 2, 3, 4]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct HostSliceMut<'a, T> {
     pub(crate) ptr: *mut T,
@@ -640,6 +720,25 @@ pub struct HostSliceMut<'a, T> {
 
 /// A range of a device buffer that commands read (a copy's source, a
 /// kernel's input). Obtained from `&DeviceBuffer`, so several readers may
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Stream};
+/// use std::sync::Arc;
+/// let device = Device::cpu();
+/// let mut src = DeviceBuffer::<i32>::new(&device, 4)?;
+/// src.copy_from_host_sync(&[1, 2, 3, 4])?;
+/// let src = Arc::new(src); // a read view needs only `&`: several jobs may share it
+/// let (stream, dst) = (Stream::new(&device)?, DeviceBuffer::<i32>::new(&device, 2)?);
+/// let ((_, mut dst), ()) = block_on(stream.run((src.clone(), dst), |c, (s, d)| {
+///     c.copy_d2d(s.view().range(2..4)?, d.view_mut())
+/// }))?;
+/// let mut out = [0; 2];
+/// dst.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [3, 4]);
+/// # Ok(()) }
+/// ```
+///
 /// share a buffer; nobody can write it meanwhile.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceSlice<'a, T> {
@@ -651,6 +750,25 @@ pub struct DeviceSlice<'a, T> {
 
 /// A range of a device buffer that commands write (a copy's destination, a
 /// kernel's output or in-place operand). Obtained from `&mut DeviceBuffer`:
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
+/// let device = Device::cpu();
+/// let input = PinnedBuffer::from_slice(&device, &[1.0f32, 2.0, 3.0])?;
+/// let (stream, dev) = (Stream::new(&device)?, DeviceBuffer::<f32>::new(&device, 3)?);
+/// let ((_, mut dev), ()) = block_on(stream.run((input, dev), |c, (i, d)| {
+///     let d = d.view_mut(); // taken once, `Copy` within the batch
+///     c.copy_h2d(i.host(), d)?;
+///     c.kernel(Kernel::Scale { s: 10.0 }, d)?;
+///     c.saxpy(1.0, d, d) // y = x + y, with x the same range as y
+/// }))?;
+/// let mut out = [0f32; 3];
+/// dev.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [20.0, 40.0, 60.0]);
+/// # Ok(()) }
+/// ```
+///
 /// the buffer is exclusively borrowed for the whole batch. `Copy` within the
 /// batch, because the commands of one batch run in stream order; commands
 /// that read and write two views check at run time that they don't
@@ -845,6 +963,30 @@ impl<'a, T> DeviceSliceMut<'a, T> {
 
 /// Pinned host memory that async copies may use: pinned buffers, pool
 /// buffers and registered slices. Pageable memory (`Vec`, `&[T]`) does not
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, PinnedBuffer, PinnedHost, Registered, Stream};
+/// // Any pinned memory: a pinned buffer, a pool's, a registered `Vec`.
+/// fn upload<H: PinnedHost<f32> + Send + 'static>(
+///     stream: &Stream,
+///     host: H,
+///     dev: DeviceBuffer<f32>,
+/// ) -> gpufeed::Result<DeviceBuffer<f32>> {
+///     let ((_host, dev), ()) = block_on(stream.copy_h2d(host, dev))?;
+///     Ok(dev)
+/// }
+/// let device = Device::cpu();
+/// let (stream, dev) = (Stream::new(&device)?, DeviceBuffer::<f32>::new(&device, 2)?);
+/// let dev = upload(&stream, PinnedBuffer::from_slice(&device, &[1.0, 2.0])?, dev)?;
+/// let mut dev = upload(&stream, Registered::new(&device, vec![3.0, 4.0])?, dev)?;
+/// let mut out = [0f32; 2];
+/// dev.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [3.0, 4.0]);
+/// // `upload(&stream, vec![5.0f32, 6.0], dev)` does not compile: a `Vec` is pageable.
+/// # Ok(()) }
+/// ```
+///
 /// implement it, so it cannot reach an async copy.
 pub trait PinnedHost<T: Pod> {
     /// A source view of the whole memory.

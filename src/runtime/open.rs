@@ -10,6 +10,18 @@ use crate::runtime::kernel::Builtins;
 use std::sync::Arc;
 
 /// Which backend to open.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendChoice, BackendKind, Device, DeviceOptions};
+/// let choice: BackendChoice = "cpu".parse()?; // what `HOST_BACKEND=cpu` says
+/// assert_eq!(choice, BackendChoice::Cpu);
+/// let device = Device::open(DeviceOptions { backend: choice, ..Default::default() })?;
+/// assert_eq!(device.kind(), BackendKind::Cpu);
+/// let err = "tpu".parse::<BackendChoice>().unwrap_err();
+/// assert!(matches!(err, gpufeed::Error::InvalidArgument(_)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BackendChoice {
     /// CUDA when a driver and a device are present, else the CPU emulation.
@@ -39,6 +51,23 @@ impl std::str::FromStr for BackendChoice {
 pub const BACKEND_ENV: &str = "HOST_BACKEND";
 
 /// How to open a device.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{BackendChoice, Device, DeviceOptions};
+/// // Two emulated devices, as `HOST_CPU_DEVICES=2` gives `DeviceOptions::from_env`.
+/// let opts = DeviceOptions {
+///     backend: BackendChoice::Cpu,
+///     emulated_devices: 2,
+///     ..Default::default()
+/// };
+/// let devices = Device::all(opts)?;
+/// assert_eq!(devices.len(), 2);
+/// assert_eq!(devices[1].ordinal(), 1);
+/// let err = Device::open(DeviceOptions { ordinal: 5, ..opts }).unwrap_err();
+/// assert!(matches!(err, gpufeed::Error::NoSuchDevice { index: 5, count: 2 }));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeviceOptions {
     /// Backend to use.

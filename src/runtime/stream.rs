@@ -33,6 +33,26 @@ use std::task::{Context, Poll};
 
 /// An in-order queue of device work (a CUDA stream, or a CPU worker).
 ///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Kernel, PinnedBuffer, PinnedHost, Stream};
+/// let device = Device::cpu();
+/// let stream = Stream::new(&device)?;
+/// let input = PinnedBuffer::from_slice(&device, &[1.0f32, 2.0, 3.0])?;
+/// let output = PinnedBuffer::<f32>::new(&device, 3)?;
+/// let dev = DeviceBuffer::<f32>::new(&device, 3)?;
+/// // One job: copy in, scale, copy out; it owns the buffers until the work is done.
+/// let job = stream.run((input, dev, output), |c, (i, d, o)| {
+///     let d = d.view_mut();
+///     c.copy_h2d(i.host(), d)?;
+///     c.kernel(Kernel::Scale { s: 2.0 }, d)?;
+///     c.copy_d2h(d, o.host_mut())
+/// });
+/// let ((_, _, output), ()) = block_on(job)?; // `job.await?` in async code
+/// assert_eq!(output.as_slice(), &[2.0, 4.0, 6.0]);
+/// # Ok(()) }
+/// ```
+///
 /// Clones share the stream. Dropping the last clone waits until the work
 /// already queued has run and the stream's completion thread has delivered
 /// the completions still due (so no thread of ours outlives the stream),
@@ -57,6 +77,24 @@ impl std::fmt::Debug for Stream {
 /// A recorded point in a stream that can be awaited. Awaiting it waits for
 /// all work queued before it; a timed event can measure elapsed GPU time to
 /// a later one.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Error, Kernel, Stream};
+/// let device = Device::cpu();
+/// let stream = Stream::new(&device)?;
+/// let start = stream.record_timed()?;
+/// let job = stream.launch(Kernel::Intensity { k: 16 }, DeviceBuffer::new(&device, 1 << 16)?);
+/// let end = stream.record_timed()?;
+/// block_on(end.wait())?; // `end.wait().await?` in async code
+/// assert!(start.is_done() && job.is_done()); // queued before `end`
+/// println!("{:.3} ms on the device", start.elapsed_ms(&end)?);
+/// let other = Stream::new(&device)?;
+/// other.wait_event(&end)?; // later work on `other` runs after the kernel
+/// let untimed = stream.record()?;
+/// assert!(matches!(start.elapsed_ms(&untimed), Err(Error::NotTimed)));
+/// # drop(job); Ok(()) }
+/// ```
 pub struct Event {
     raw: RawEvent,
     device: Device,
@@ -155,6 +193,23 @@ impl Event {
 /// run ([`crate::RunInfo::timeline`]) is made of them. It cannot be awaited
 /// (no completion source watches it, so recording it disturbs nothing it
 /// measures); the run that recorded it has finished by the time you get it.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, Kernel, PinnedPool, Pipeline, Plan, Timeline};
+/// let device = Device::cpu();
+/// let pool = PinnedPool::new(&device);
+/// let (input, output) = (pool.alloc::<f32>(4096)?, pool.alloc::<f32>(4096)?);
+/// let pipeline = Pipeline::new(&device, 2)?;
+/// let (k, plan) = (Kernel::Scale { s: 2.0 }, Plan::uniform(4, 2));
+/// let job = pipeline.run(input, output, k, plan, Timeline::Record);
+/// let (_, info) = block_on(job)?;
+/// let chunk = &info.timeline.expect("recorded")[0];
+/// let [before_h2d, after_h2d, _, after_d2h] = &chunk.events; // `Mark`s
+/// let h2d_ms = before_h2d.elapsed_ms(after_h2d)?;
+/// assert!(h2d_ms >= 0.0 && before_h2d.elapsed_ms(after_d2h)? >= h2d_ms);
+/// # Ok(()) }
+/// ```
 pub struct Mark {
     raw: RawEvent,
     device: Device,
@@ -473,6 +528,28 @@ impl Stream {
 /// job's bundle: every view given to a command (host or device) must live
 /// for `'a`, i.e. come out of the bundle, which the job owns until the GPU
 /// is done.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, PinnedBuffer, PinnedHost, Stream};
+/// let device = Device::cpu();
+/// let host = PinnedBuffer::from_slice(&device, &[1u8, 2, 3, 4])?;
+/// let (a, b) = (DeviceBuffer::<u8>::new(&device, 4)?, DeviceBuffer::<u8>::new(&device, 4)?);
+/// let stream = Stream::new(&device)?;
+/// // `c` is the batch's `&mut Commands`; its views come from the bundle.
+/// let ((_, _, mut b), half) = block_on(stream.run((host, a, b), |c, (h, a, b)| {
+///     let a = a.view_mut();
+///     c.copy_h2d(h.host(), a)?;
+///     let half = c.record()?; // an awaitable point inside the batch
+///     c.copy_d2d(a, b.view_mut())?;
+///     Ok(half) // the batch's value, handed back with the bundle
+/// }))?;
+/// assert!(half.is_done());
+/// let mut out = [0u8; 4];
+/// b.copy_to_host_sync(&mut out)?;
+/// assert_eq!(out, [1, 2, 3, 4]);
+/// # Ok(()) }
+/// ```
 pub struct Commands<'a> {
     raw: &'a dyn RawStream,
     device: &'a Device,
@@ -737,8 +814,7 @@ impl<'a> Commands<'a> {
     /// from the bundle, like every command's. On the CPU emulation the
     /// kernel's host build runs over the same grid.
     ///
-    /// ```no_run
-    /// # async fn f(device: &gpufeed::Device, stream: &gpufeed::Stream) -> gpufeed::Result<()> {
+    /// ```rust
     /// use gpufeed::kernel_abi::{kernels, thread, Slice, SliceMut};
     /// use gpufeed::{DeviceBuffer, LaunchConfig, Module};
     /// // Normally in the kernel crate (built to PTX by its build script).
@@ -753,18 +829,27 @@ impl<'a> Commands<'a> {
     ///         }
     ///     }
     /// }
+    /// # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
+    /// # let device = &gpufeed::Device::cpu();
+    /// # let stream = &gpufeed::Stream::new(device)?;
     /// # let ptx = "";
     /// // SAFETY: `ptx` is the PTX kernel-builder built from the crate that
     /// // declares `axpby` (here the declaration above).
     /// let f = unsafe { Module::from_ptx(device, ptx)? }.function::<axpby>()?;
-    /// let (x, y) = (DeviceBuffer::<f32>::new(device, 1 << 20)?, DeviceBuffer::<f32>::new(device, 1 << 20)?);
-    /// let ((x, y), ()) = stream
+    /// let n = 1 << 20;
+    /// let (mut x, mut y) = (DeviceBuffer::new(device, n)?, DeviceBuffer::new(device, n)?);
+    /// x.copy_from_host_sync(&vec![1.0f32; n])?;
+    /// y.copy_from_host_sync(&vec![2.0f32; n])?;
+    /// let ((_x, mut y), ()) = stream
     ///     .run((x, y), move |c, (x, y)| {
     ///         let cfg = LaunchConfig::grid_stride(c.device(), x.len());
     ///         c.launch(&f, cfg, (2.0f32, x.view(), 0.5f32, y.view_mut()))
     ///     })
     ///     .await?;
-    /// # Ok(()) }
+    /// let mut out = vec![0f32; n];
+    /// y.copy_to_host_sync(&mut out)?;
+    /// assert!(out.iter().all(|&v| v == 3.0)); // 2 * 1 + 0.5 * 2
+    /// # Ok(()) }) }
     /// ```
     ///
     /// # Errors
@@ -940,6 +1025,25 @@ enum JobState<B, R> {
 
 /// A batch of GPU work in flight; resolves to `(bundle, value)` when done,
 /// or to a [`JobError`] that hands the bundle back.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, Job, PinnedBuffer, Stream};
+/// let device = Device::cpu();
+/// let (s1, s2) = (Stream::new(&device)?, Stream::new(&device)?);
+/// let a = PinnedBuffer::from_slice(&device, &[1u32; 256])?;
+/// let b = PinnedBuffer::from_slice(&device, &[2u32; 256])?;
+/// // Two jobs in flight at once, on two streams; the CPU is free meanwhile.
+/// let j1: Job<_, ()> = s1.copy_h2d(a, DeviceBuffer::new(&device, 256)?);
+/// let j2 = s2.copy_h2d(b, DeviceBuffer::new(&device, 256)?);
+/// let (r1, r2) = block_on(futures::future::join(j1, j2));
+/// let (((a, _), ()), ((b, _), ())) = (r1?, r2?); // the buffers, back
+/// assert_eq!((a.as_slice()[0], b.as_slice()[0]), (1, 2));
+/// // Dropping a job cancels nothing: its buffers go when its work is done.
+/// drop(s1.copy_h2d(a, DeviceBuffer::new(&device, 256)?));
+/// device.synchronize()?; // ... which this waits for
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 /// The work was enqueued when the job was made; dropping the job never

@@ -14,6 +14,25 @@ use crate::runtime::memory::{DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMu
 
 /// One copy of a batch: a source and a destination of one length, views
 /// from the job's bundle (as for every command).
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{block_on, Device, DeviceBuffer, PinnedBuffer, PinnedHost, Stream, Transfer};
+/// let device = Device::cpu();
+/// let host = PinnedBuffer::from_slice(&device, &[1u32, 2, 3, 4])?;
+/// let (dev, out) = (DeviceBuffer::<u32>::new(&device, 4)?, PinnedBuffer::new(&device, 4)?);
+/// let ((_, _, out), ()) = block_on(Stream::new(&device)?.run((host, dev, out), |c, (h, d, o)| {
+///     let (h, d) = (h.host(), d.view_mut());
+///     // Two copies, one command: the halves of `h` swapped on the device.
+///     c.copy_batch([
+///         Transfer::h2d(h.range(..2)?, d.range(2..)?),
+///         Transfer::h2d(h.range(2..)?, d.range(..2)?),
+///     ])?;
+///     c.copy_d2h(d, o.host_mut()) // after the whole batch (stream order)
+/// }))?;
+/// assert_eq!(out.as_slice(), &[3, 4, 1, 2]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub enum Transfer<'a, T> {
     /// Pinned host memory to device memory.

@@ -2,6 +2,18 @@
 //! how its device memory is allocated.
 
 /// How watcher threads wait for GPU completion.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceOptions, WaitMode};
+/// // Watchers that sleep until the GPU interrupts, leaving every core to the
+/// // program (CUDA; the CPU emulation has no watchers and ignores it).
+/// let opts = DeviceOptions { wait_mode: WaitMode::Blocking, ..DeviceOptions::from_env()? };
+/// let device = Device::open(opts)?; // CUDA when present, else the CPU emulation
+/// assert!(device.broken().is_none());
+/// assert_eq!(WaitMode::default(), WaitMode::Spin);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
@@ -25,6 +37,17 @@ pub enum WaitMode {
 }
 
 /// How device memory is allocated and freed on CUDA.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::{Device, DeviceMemory, DeviceOptions};
+/// let opts = DeviceOptions { device_memory: DeviceMemory::Plain, ..DeviceOptions::from_env()? };
+/// let device = Device::open(opts)?; // CUDA when present, else the CPU emulation
+/// // `cuMemAlloc` / `cuMemFree` on CUDA; never stream-ordered on the emulation.
+/// assert!(!device.info().stream_ordered_memory);
+/// assert_eq!(DeviceMemory::default(), DeviceMemory::StreamOrdered);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
