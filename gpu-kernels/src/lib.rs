@@ -18,10 +18,15 @@
 )]
 
 pub mod elementwise;
+pub mod gemm;
 pub mod thread;
 
 mod kernels;
 pub use kernels::*;
+// The GEMM entry points (their own `gemm::KERNEL_NAMES`).
+pub use gemm::sgemm;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use gemm::sgemm_launch;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
