@@ -379,13 +379,13 @@ impl Loader {
             if self.vec_a {
                 if col < self.k {
                     // SAFETY: col + 4 <= k (both multiples of 4), aligned.
-                    v = unsafe { self.a.load4_nc_unchecked(at) };
+                    v = unsafe { ld4(&self.a, at) };
                 }
             } else {
                 for (j, x) in v.iter_mut().enumerate() {
                     if col + j < self.k {
                         // SAFETY: in bounds.
-                        *x = unsafe { self.a.load_nc_unchecked(at + j) };
+                        *x = unsafe { ld(&self.a, at + j) };
                     }
                 }
             }
@@ -406,13 +406,13 @@ impl Loader {
             if self.vec_b {
                 if self.b_col < self.n {
                     // SAFETY: b_col + 4 <= n (both multiples of 4), aligned.
-                    v = unsafe { self.b.load4_nc_unchecked(at) };
+                    v = unsafe { ld4(&self.b, at) };
                 }
             } else {
                 for (j, x) in v.iter_mut().enumerate() {
                     if self.b_col + j < self.n {
                         // SAFETY: in bounds.
-                        *x = unsafe { self.b.load_nc_unchecked(at + j) };
+                        *x = unsafe { ld(&self.b, at + j) };
                     }
                 }
             }
@@ -442,6 +442,39 @@ impl Loader {
         // SAFETY: at most BS_STAGE + 7 * BN + 124 + 4 <= BS_LEN, aligned.
         unsafe { b_s.set4_unchecked(stage * BS_STAGE + self.b_row * BN + (t % 32) * 4, rb) };
     }
+}
+
+/// Elements `i..i + 4` of `s` (`ld.global.nc.v4`), unchecked on the GPU,
+/// checked on the emulation (an edge-mask bug there is a typed fault,
+/// [`kernel_abi::thread::FaultKind::SliceOutOfBounds`], even where the
+/// values read would never reach `C`).
+///
+/// # Safety
+/// `i + 4 <= s.len()`, element `i` 16-byte aligned.
+#[inline(always)]
+unsafe fn ld4(s: &Slice<f32>, i: usize) -> [f32; 4] {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract.
+    unsafe {
+        s.load4_nc_unchecked(i)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    s.load4_nc(i)
+}
+
+/// Element `i` of `s` (`ld.global.nc`), as [`ld4`].
+///
+/// # Safety
+/// `i < s.len()`.
+#[inline(always)]
+unsafe fn ld(s: &Slice<f32>, i: usize) -> f32 {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract.
+    unsafe {
+        s.load_nc_unchecked(i)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    s.load_nc(i)
 }
 
 /// Elements `i..i + 4` of `c` (`ld.global.v4.f32`).
