@@ -193,22 +193,25 @@ unsafe fn sgemm_block(
 
     let a_s = shared_array!(f32, AS_LEN);
     let b_s = shared_array!(f32, BS_LEN);
+    let (a_row, b_col) = (row0 + t / 2, col0 + (t % 32) * 4);
     let loader = Loader {
-        m,
-        n,
-        k,
         a,
         b,
+        a_at: a_row * k + (t % 2) * 4,
+        a_in: a_row < m,
+        a_col: (t % 2) as u32 * 4,
+        b_at: (t / 32) * n + b_col,
+        b_step: BK * n,
+        b_row: (t / 32) as u32,
+        b_col: b_col as u32,
+        k: k as u32,
+        n: n as u32,
         vec_a: k.is_multiple_of(4) && (a.as_ptr() as usize).is_multiple_of(16),
         vec_b: n.is_multiple_of(4) && (b.as_ptr() as usize).is_multiple_of(16),
-        a_row: row0 + t / 2,
-        a_col: (t % 2) * 4,
-        b_row: t / 32,
-        b_col: col0 + (t % 32) * 4,
     };
 
     let mut acc = [[0.0f32; 8]; 8];
-    let k_tiles = k.div_ceil(BK);
+    let k_tiles = (k as u32).div_ceil(BK as u32);
     if k_tiles > 0 {
         // SAFETY: the slices hold their matrices (checked above).
         let (ra, rb) = unsafe { (loader.a(0), loader.b(0)) };
@@ -217,7 +220,7 @@ unsafe fn sgemm_block(
         kernel_abi::thread::sync_threads();
     }
     for kt in 0..k_tiles {
-        let cur = kt % 2;
+        let cur = (kt % 2) as usize;
         let next = kt + 1 < k_tiles;
         let (mut ra, mut rb) = ([0.0f32; 4], [0.0f32; 4]);
         if next {
@@ -348,21 +351,26 @@ impl Out {
     }
 }
 
-/// One thread's share of the global-to-shared copies.
+/// One thread's share of the global-to-shared copies: four elements of
+/// `A`'s tile (a row, four columns) and four of `B`'s (a row, four columns).
 struct Loader {
-    m: usize,
-    n: usize,
-    k: usize,
     a: Slice<f32>,
     b: Slice<f32>,
+    /// Index in `a` of this thread's first element of tile 0; whether its
+    /// row is inside `A`; its column in a tile.
+    a_at: usize,
+    a_in: bool,
+    a_col: u32,
+    /// Index in `b` of this thread's first element of tile 0, the step
+    /// from one tile to the next (`BK * n`), its row in a tile, its column.
+    b_at: usize,
+    b_step: usize,
+    b_row: u32,
+    b_col: u32,
+    k: u32,
+    n: u32,
     vec_a: bool,
     vec_b: bool,
-    /// The row of `A` this thread loads, and its first column in a tile.
-    a_row: usize,
-    a_col: usize,
-    /// The row of `B` in a tile this thread loads, and its first column.
-    b_row: usize,
-    b_col: usize,
 }
 
 impl Loader {
@@ -371,11 +379,11 @@ impl Loader {
     /// # Safety
     /// `a` holds `m * k` elements.
     #[inline(always)]
-    unsafe fn a(&self, kt: usize) -> [f32; 4] {
-        let col = kt * BK + self.a_col;
+    unsafe fn a(&self, kt: u32) -> [f32; 4] {
+        let col = kt * BK as u32 + self.a_col;
         let mut v = [0.0f32; 4];
-        if self.a_row < self.m {
-            let at = self.a_row * self.k + col;
+        if self.a_in {
+            let at = self.a_at + kt as usize * BK;
             if self.vec_a {
                 if col < self.k {
                     // SAFETY: col + 4 <= k (both multiples of 4), aligned.
@@ -383,7 +391,7 @@ impl Loader {
                 }
             } else {
                 for (j, x) in v.iter_mut().enumerate() {
-                    if col + j < self.k {
+                    if col + (j as u32) < self.k {
                         // SAFETY: in bounds.
                         *x = unsafe { ld(&self.a, at + j) };
                     }
@@ -398,11 +406,11 @@ impl Loader {
     /// # Safety
     /// `b` holds `k * n` elements.
     #[inline(always)]
-    unsafe fn b(&self, kt: usize) -> [f32; 4] {
-        let row = kt * BK + self.b_row;
+    unsafe fn b(&self, kt: u32) -> [f32; 4] {
+        let row = kt * BK as u32 + self.b_row;
         let mut v = [0.0f32; 4];
         if row < self.k {
-            let at = row * self.n + self.b_col;
+            let at = self.b_at + kt as usize * self.b_step;
             if self.vec_b {
                 if self.b_col < self.n {
                     // SAFETY: b_col + 4 <= n (both multiples of 4), aligned.
@@ -410,7 +418,7 @@ impl Loader {
                 }
             } else {
                 for (j, x) in v.iter_mut().enumerate() {
-                    if self.b_col + j < self.n {
+                    if self.b_col + (j as u32) < self.n {
                         // SAFETY: in bounds.
                         *x = unsafe { ld(&self.b, at + j) };
                     }
@@ -434,13 +442,18 @@ impl Loader {
         ra: [f32; 4],
         rb: [f32; 4],
     ) {
-        let a_at = stage * AS_STAGE + self.a_col * AS_STRIDE + t / 2;
+        let a_at = stage * AS_STAGE + self.a_col as usize * AS_STRIDE + t / 2;
         for (j, &x) in ra.iter().enumerate() {
             // SAFETY: at most AS_STAGE + 7 * AS_STRIDE + 127 < AS_LEN.
             unsafe { a_s.set_unchecked(a_at + j * AS_STRIDE, x) };
         }
         // SAFETY: at most BS_STAGE + 7 * BN + 124 + 4 <= BS_LEN, aligned.
-        unsafe { b_s.set4_unchecked(stage * BS_STAGE + self.b_row * BN + (t % 32) * 4, rb) };
+        unsafe {
+            b_s.set4_unchecked(
+                stage * BS_STAGE + self.b_row as usize * BN + (t % 32) * 4,
+                rb,
+            )
+        };
     }
 }
 
