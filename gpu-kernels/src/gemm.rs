@@ -144,17 +144,21 @@ fn epilogue(alpha: f32, beta: f32, acc: f32, old: f32) -> f32 {
     }
 }
 
-/// Which 128x128 tile of `C` block `pid` computes: `(block row, block
-/// column)`, in groups of [`GROUP_M`] block-rows, column-major in a group.
+/// Which tile of `C` block `pid` computes: `(block row, block column)`,
+/// in groups of `group_m` block-rows, column-major in a group.
 #[inline(always)]
-fn tile_of(pid: usize, tiles_m: usize, tiles_n: usize) -> (usize, usize) {
-    let per_group = GROUP_M * tiles_n;
-    let group = pid / per_group;
-    let first = group * GROUP_M;
-    let rows = if tiles_m - first < GROUP_M {
+pub(crate) fn tile_of(
+    pid: usize,
+    tiles_m: usize,
+    tiles_n: usize,
+    group_m: usize,
+) -> (usize, usize) {
+    let per_group = group_m * tiles_n;
+    let first = pid / per_group * group_m;
+    let rows = if tiles_m - first < group_m {
         tiles_m - first
     } else {
-        GROUP_M
+        group_m
     };
     let in_group = pid % per_group;
     (first + in_group % rows, in_group / rows)
@@ -184,7 +188,7 @@ unsafe fn sgemm_block(
     if pid >= tiles_m * tiles_n {
         return; // the whole block: no barrier is reached by anyone
     }
-    let (bm, bn) = tile_of(pid, tiles_m, tiles_n);
+    let (bm, bn) = tile_of(pid, tiles_m, tiles_n, GROUP_M);
     let (row0, col0) = (bm * BM, bn * BN);
     let t = thread_idx() as usize;
     let (warp, lane) = (t / 32, t % 32);
