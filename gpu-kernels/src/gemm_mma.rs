@@ -104,6 +104,15 @@ kernels! {
     }
 }
 
+/// `$body` once for each literal, `$i` bound to it: arrays indexed with
+/// it have constant indices, so they stay in registers.
+macro_rules! unroll {
+    ($i:ident in [$($n:literal)*] $body:block) => {$({
+        let $i: usize = $n;
+        $body
+    })*};
+}
+
 /// The launch plan of [`gemm_bf16`](struct@gemm_bf16): a 1-D grid of
 /// `ceil(m/128) * ceil(n/128)` blocks (at least one), 128 threads a block,
 /// [`DYNAMIC_SHARED_BYTES`] of dynamic shared memory.
@@ -210,45 +219,36 @@ unsafe fn gemm_block(
         }
         cp_async_commit();
         let st = (kt % STAGES) * STAGE_WORDS;
-        for ks in 0..BK / 16 {
+        unroll!(ks in [0 1] {
             // SAFETY: the whole warp runs this (no divergence: everything
             // above is uniform per block); rows in bounds, 16-byte chunks.
             let (af, bf) = unsafe { fragments(&smem, st, ks, wm, wn, lane) };
-            for (mi, row) in acc.iter_mut().enumerate() {
-                for (ni, d) in row.iter_mut().enumerate() {
+            unroll!(mi in [0 1 2 3] {
+                unroll!(ni in [0 1 2 3 4 5 6 7] {
                     let bw = [bf[ni / 2][2 * (ni % 2)], bf[ni / 2][2 * (ni % 2) + 1]];
                     // SAFETY: the whole warp, converged (as above).
-                    *d = unsafe { mma_m16n8k16_bf16_f32(af[mi], bw, *d) };
-                }
-            }
-        }
+                    acc[mi][ni] = unsafe { mma_m16n8k16_bf16_f32(af[mi], bw, acc[mi][ni]) };
+                });
+            });
+        });
     }
     cp_async_wait_all();
 
     let (g, tq) = (lane / 4, lane % 4);
     let vec_c = n.is_multiple_of(2) && (c.as_mut_ptr() as usize).is_multiple_of(8);
-    for (mi, row) in acc.iter().enumerate() {
-        for (ni, d) in row.iter().enumerate() {
-            let r = row0 + wm * 64 + mi * 16 + g;
-            let col = col0 + wn * 64 + ni * 8 + 2 * tq;
+    unroll!(mi in [0 1 2 3] {
+        unroll!(ni in [0 1 2 3 4 5 6 7] {
+            let (r, col) = (row0 + wm * 64 + mi * 16 + g, col0 + wn * 64 + ni * 8 + 2 * tq);
+            let d = acc[mi][ni];
             for (h, r) in [(0, r), (1, r + 8)] {
                 if r < m {
+                    let v = [d[2 * h], d[2 * h + 1]];
                     // SAFETY: this thread alone owns these outputs; in bounds.
-                    unsafe {
-                        store_pair(
-                            &c,
-                            r * n + col,
-                            n - col.min(n),
-                            vec_c,
-                            alpha,
-                            beta,
-                            [d[2 * h], d[2 * h + 1]],
-                        )
-                    };
+                    unsafe { store_pair(&c, r * n + col, n - col.min(n), vec_c, alpha, beta, v) };
                 }
             }
-        }
-    }
+        });
+    });
 }
 
 /// A warp's `A` fragments (4 m16 tiles) and `B` fragments (4 pairs of n8
@@ -269,12 +269,11 @@ unsafe fn fragments(
     // SAFETY: the caller's contract; every address is a swizzled 16-byte
     // chunk inside the stage.
     unsafe {
-        let af = core::array::from_fn(|mi| {
-            ldmatrix_x4(smem, st + a_word(wm * 64 + mi * 16 + r16, 2 * ks + half))
-        });
-        let bf = core::array::from_fn(|nj| {
-            let chunk = (wn * 64 + nj * 16) / 8 + half;
-            ldmatrix_x4_trans(smem, st + A_WORDS + b_word(16 * ks + r16, chunk))
+        let (mut af, mut bf) = ([[0u32; 4]; 4], [[0u32; 4]; 4]);
+        unroll!(i in [0 1 2 3] {
+            af[i] = ldmatrix_x4(smem, st + a_word(wm * 64 + i * 16 + r16, 2 * ks + half));
+            let chunk = (wn * 64 + i * 16) / 8 + half;
+            bf[i] = ldmatrix_x4_trans(smem, st + A_WORDS + b_word(16 * ks + r16, chunk));
         });
         (af, bf)
     }
