@@ -409,9 +409,9 @@ unsafe fn gather(
     at: usize,
     ok: impl Fn(usize) -> bool,
 ) {
-    // SAFETY: the caller's contract.
     let e = |j: usize| {
         if ok(j) {
+            // SAFETY: ok(j), so in bounds (the caller's contract).
             u32::from(unsafe { s.read(at + j) })
         } else {
             0
