@@ -48,6 +48,12 @@
 //! both operands are read with `ld.shared.v4`. Blocks are ordered in
 //! groups of 8 block-rows (consecutive blocks share `B`'s columns and
 //! `A`'s rows in L2).
+//!
+//! ptxas 12.9 (`-arch=sm_90 -v`, the sm_70 or sm_90 PTX): 159 registers,
+//! 16640 bytes of shared memory, no stack, no spills (one block of 256
+//! threads an SM by registers). The PTX's hot loop is 32
+//! `ld.shared.v4.b32` and 512 `fma.rn.f32` per `k` step of 8, with
+//! `ld.global.nc.v4.b32` loads and `st.global.v4.f32` stores.
 
 use kernel_abi::thread::{block_idx, thread_idx, trap};
 use kernel_abi::{fma, kernels, shared_array, SharedArray, Slice, SliceMut};

@@ -51,6 +51,11 @@
 //! XOR-swizzled by 16-byte chunk so that both the copies and the
 //! `ldmatrix` reads are free of bank conflicts. Blocks are ordered in
 //! groups of 8 block-rows, as in [`crate::gemm`].
+//!
+//! ptxas 12.9 (`-arch=sm_90 -v`, the sm_90 PTX): 240 registers, no stack,
+//! no spills (two blocks of 128 threads an SM by registers, 96 KiB of
+//! shared memory); per `k` step of 32: 16 `cp.async.cg.shared.global`, 8
+//! `ldmatrix.x4`, 8 `ldmatrix.x4.trans`, 64 `mma.sync` per warp.
 
 use kernel_abi::ptx::{
     cp_async16_unchecked, cp_async_commit, cp_async_wait_all, cp_async_wait_group, ldmatrix_x4,

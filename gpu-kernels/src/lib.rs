@@ -19,7 +19,7 @@
 
 pub mod elementwise;
 pub mod gemm;
-/// The tensor-core GEMM: sm_80 and newer only (and the host).
+// The tensor-core GEMM: sm_80 and newer only (and the host).
 #[cfg(any(not(target_arch = "nvptx64"), target_feature = "sm_80"))]
 pub mod gemm_mma;
 pub mod thread;
