@@ -19,10 +19,22 @@
 )]
 
 pub mod elementwise;
+pub mod gemm;
+// The tensor-core GEMM: sm_80 and newer only (and the host).
+#[cfg(any(not(target_arch = "nvptx64"), target_feature = "sm_80"))]
+pub mod gemm_mma;
 pub mod thread;
 
 mod kernels;
 pub use kernels::*;
+// The GEMM entry points (their own `gemm::KERNEL_NAMES`).
+pub use gemm::sgemm;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use gemm::sgemm_launch;
+#[cfg(any(not(target_arch = "nvptx64"), target_feature = "sm_80"))]
+pub use gemm_mma::gemm_bf16;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use gemm_mma::gemm_bf16_launch;
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
