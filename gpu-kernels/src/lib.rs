@@ -18,10 +18,50 @@
 )]
 
 pub mod elementwise;
+pub mod histogram;
+pub mod reduce;
+pub mod scan;
+pub mod softmax;
 pub mod thread;
+mod vec16;
 
 mod kernels;
 pub use kernels::*;
+
+/// The PTX entry points of every module's [`kernel_abi::kernels!`] block,
+/// in order. `kernels!` may be invoked once per module: each invocation
+/// defines that module's own `KERNEL_NAMES`; this item (which shadows the
+/// one `kernels::*` brings in) joins them. A module with a `kernels!` block
+/// adds its list to `PARTS`.
+pub const KERNEL_NAMES: &[&str] = &{
+    const PARTS: &[&[&str]] = &[
+        kernels::KERNEL_NAMES,
+        reduce::KERNEL_NAMES,
+        scan::KERNEL_NAMES,
+        softmax::KERNEL_NAMES,
+        histogram::KERNEL_NAMES,
+    ];
+    const LEN: usize = {
+        let (mut n, mut p) = (0, 0);
+        while p < PARTS.len() {
+            n += PARTS[p].len();
+            p += 1;
+        }
+        n
+    };
+    let mut all = [""; LEN];
+    let (mut k, mut p) = (0, 0);
+    while p < PARTS.len() {
+        let mut i = 0;
+        while i < PARTS[p].len() {
+            all[k] = PARTS[p][i];
+            k += 1;
+            i += 1;
+        }
+        p += 1;
+    }
+    all
+};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
