@@ -17,13 +17,13 @@
 //!   running or done, and the scan can't deadlock whatever the scheduling
 //!   (on the emulation's few workers too).
 //! - **Inside a tile** (256 threads, 4 rounds of 1024 elements): in round
-//!   `r` thread `t` holds elements `r * 1024 + 4t .. + 4` (one 16-byte
-//!   load), scans them sequentially, then the warps scan the threads'
-//!   totals (Kogge-Stone, [`kernel_abi::warp::inclusive_scan`]); lane 31
-//!   stores each warp's total in shared memory; one barrier; every thread
-//!   folds the 4 x 8 warp totals in ascending order into its warp's prefix
-//!   in each round, each round's total, and the tile's aggregate `A =
-//!   ((R0 ⊕ R1) ⊕ R2) ⊕ R3`.
+//!   `r` thread `t` holds chunk `q = 256r + t`, elements `4q .. 4q + 4` of
+//!   the tile (one 16-byte load), and scans them sequentially; the chunk
+//!   totals go to shared memory (padded: a word skipped every 32); one
+//!   barrier; warp 0 *rakes*: lane `l` folds chunks `32l .. 32l + 32` in
+//!   order, the warp scans the 32 lane totals (Kogge-Stone,
+//!   [`kernel_abi::warp::inclusive_scan`]), lane 31's total is the tile's
+//!   aggregate `A`.
 //! - **Status words** (`u64`): bit 32 = ready, bits 0..32 = the value's
 //!   bits, written once with one relaxed 64-bit atomic store (flag and
 //!   value travel together, no fence needed). Tiles form groups of
@@ -40,15 +40,16 @@
 //!   wait on anything. Unlike the classic look-back, whose combination
 //!   order depends on which predecessors happened to be done, this order
 //!   is fixed: that is what makes `f32` deterministic.
-//! - **Output**: element `k` of thread `t`'s round `r` is `((((E ⊕ RP[r])
-//!   ⊕ WP[r]) ⊕ LP) ⊕ p_k)` (a part left out where it is empty: no earlier
-//!   round, warp or lane), with `RP` the rounds before, `WP` the warps
-//!   before, `LP` the lanes before (exclusive warp scan) and `p_k` the
-//!   thread's own prefix; one 16-byte store when aligned.
+//! - **Output**: warp 0 then writes each chunk's prefix `E ⊕ c` to shared
+//!   memory, `c` being the fold of the tile's chunks before it (lane `l`
+//!   continues from the lanes before it, chunk by chunk in order); a
+//!   barrier; each element is `prefix ⊕ p_k`, `p_k` the thread's own
+//!   running sum in its chunk (the prefix left out for the input's first
+//!   chunk), one 16-byte store when aligned.
 //!
 //! # Error bound (f32)
 //! Every input reaches output `j` through at most [`scan_depth`]`(j)` =
-//! `40 + 2 * (j / (4096 * 128))` roundings, so `|y_j - exact_j| <=
+//! `90 + 2 * (j / (4096 * 128))` roundings, so `|y_j - exact_j| <=
 //! scan_depth(j) * 2^-24 * sum(|x_0..=j|)` (to first order). `u32` and
 //! `i32` are exact (wrapping).
 //!
@@ -57,7 +58,7 @@
 //! (at least `scan_scratch_len(n)` elements, zeroed) are valid device
 //! memory; the launch is [`scan_launch`]`(x.len())`.
 
-use crate::vec16::{aligned16, store4_bits};
+use crate::vec16::{aligned16, store4_bits, unroll};
 use kernel_abi::atomic::Ordering::Relaxed;
 use kernel_abi::thread::{self, sync_threads};
 use kernel_abi::{kernels, shared_array, warp, Arith, Plain, Slice, SliceMut};
@@ -69,7 +70,6 @@ pub const SCAN_TILE: usize = 4096;
 /// Tiles per look-back group.
 pub const SCAN_GROUP: usize = 128;
 const ROUNDS: usize = 4;
-const WARPS: usize = SCAN_BLOCK as usize / 32;
 const READY: u64 = 1 << 32;
 
 /// Tiles (= blocks) for `n` elements: at least one.
@@ -91,7 +91,7 @@ pub const fn scan_scratch_len(n: usize) -> usize {
 /// The most roundings an input goes through to reach `f32` output `j`
 /// (the module docs' error bound).
 pub const fn scan_depth(j: usize) -> usize {
-    40 + 2 * (j / (SCAN_TILE * SCAN_GROUP))
+    90 + 2 * (j / (SCAN_TILE * SCAN_GROUP))
 }
 
 /// The launch of a scan of `n` elements.
@@ -176,6 +176,19 @@ fn reduce_present<T: Plain>(v: T, present: bool, op: impl Fn(T, T) -> T) -> T {
     v
 }
 
+/// The padded shared-memory slot of chunk `q`'s value (one word skipped
+/// every 32: the raking lanes' reads are free of bank conflicts).
+#[inline(always)]
+const fn pad(q: usize) -> usize {
+    q + q / 32
+}
+
+/// Chunks (of 4 elements) in a tile.
+const CHUNKS: usize = SCAN_TILE / 4;
+/// The shared words: the padded chunk values, then the tile id.
+const SHARED: usize = CHUNKS + CHUNKS / 32 + 1;
+const TILE_ID: usize = SHARED - 1;
+
 /// One tile of the scan.
 #[inline(always)]
 fn scan_tile<T: Arith>(
@@ -184,7 +197,7 @@ fn scan_tile<T: Arith>(
     scratch: SliceMut<u64>,
     op: impl Fn(T, T) -> T + Copy,
 ) {
-    let sh = shared_array!(u32, 40);
+    let sh = shared_array!(u32, SHARED);
     let (t, w, lane) = (
         thread::thread_idx() as usize,
         thread::warp_id() as usize,
@@ -195,103 +208,95 @@ fn scan_tile<T: Arith>(
     }
     // The tile id, from the counter: the order blocks start in.
     if t == 0 {
-        sh.set(32, scratch.atomic_add(0, 1, Relaxed) as u32);
+        sh.set(TILE_ID, scratch.atomic_add(0, 1, Relaxed) as u32);
     }
     sync_threads();
-    let tile = sh.get(32) as usize;
+    let tile = sh.get(TILE_ID) as usize;
     let n = x.len();
     let base = tile * SCAN_TILE;
     let vector = aligned16(x.as_ptr()) && aligned16(y.as_mut_ptr());
-    // Loads: round r, thread t: elements base + r * 1024 + 4t .. + 4.
+    // Round r, thread t: chunk q = r * 256 + t, elements base + 4q .. + 4.
     let mut v = [[T::ZERO; 4]; ROUNDS];
-    for (r, vr) in v.iter_mut().enumerate() {
-        let i = base + r * 1024 + 4 * t;
+    unroll!(r in [0 1 2 3] {
+        let i = base + 4 * (r * SCAN_BLOCK as usize + t);
         if vector && i + 4 <= n {
             // SAFETY: i + 4 <= n and the input is 16-byte aligned (i is a multiple of 4).
-            *vr = unsafe { x.load4_nc_unchecked(i) };
+            v[r] = unsafe { x.load4_nc_unchecked(i) };
         } else {
-            for (k, e) in vr.iter_mut().enumerate() {
+            unroll!(k in [0 1 2 3] {
                 if i + k < n {
-                    *e = x.load_nc(i + k);
+                    v[r][k] = x.load_nc(i + k);
                 }
-            }
+            });
         }
-    }
-    // The thread's prefixes, its warp's scan, lane 31's warp totals.
-    let mut lanes_before = [None; ROUNDS];
-    let mut inc = [T::ZERO; ROUNDS];
-    for r in 0..ROUNDS {
-        for k in 1..4 {
+    });
+    // The thread's prefixes in each chunk; the chunks' totals to shared memory.
+    unroll!(r in [0 1 2 3] {
+        unroll!(k in [1 2 3] {
             v[r][k] = op(v[r][k - 1], v[r][k]);
-        }
-        inc[r] = warp::inclusive_scan(v[r][3], op);
-        let up = warp::shfl_up(inc[r], 1);
-        lanes_before[r] = if lane > 0 { Some(up) } else { None };
-        if lane == 31 {
-            sh.set(r * WARPS + w, inc[r].to_bits() as u32);
-        }
-    }
-    sync_threads();
-    let mut warps_before = [None; ROUNDS];
-    let mut rounds_before = [None; ROUNDS];
-    let mut aggregate: Option<T> = None;
-    for r in 0..ROUNDS {
-        let mut round: Option<T> = None;
-        for ww in 0..WARPS {
-            if ww == w {
-                warps_before[r] = round;
-            }
-            round = fold(round, T::from_bits(sh.get(r * WARPS + ww) as u64), op);
-        }
-        rounds_before[r] = aggregate;
-        aggregate = fold(aggregate, round.unwrap_or(T::ZERO), op);
-    }
-    let aggregate = aggregate.unwrap_or(T::ZERO);
-    let last_of_group = tile % SCAN_GROUP == SCAN_GROUP - 1;
-    if t == 0 && !last_of_group {
-        scratch.atomic_store(1 + tile, READY | aggregate.to_bits(), Relaxed);
-    }
-    if w == 0 {
-        let e = look_back(&scratch, tile, op);
-        if lane == 0 {
-            if last_of_group {
-                let inclusive = match e {
-                    Some(e) => op(e, aggregate),
-                    None => aggregate,
-                };
-                scratch.atomic_store(1 + tile, READY | inclusive.to_bits(), Relaxed);
-            }
-            sh.set(33, e.is_some() as u32);
-            sh.set(34, e.unwrap_or(T::ZERO).to_bits() as u32);
-        }
-    }
-    sync_threads();
-    let e = (sh.get(33) != 0).then(|| T::from_bits(sh.get(34) as u64));
-    for r in 0..ROUNDS {
-        let mut p = e;
-        for part in [rounds_before[r], warps_before[r], lanes_before[r]] {
-            if let Some(q) = part {
-                p = fold(p, q, op);
-            }
-        }
-        let out = v[r].map(|q| match p {
-            Some(p) => op(p, q),
-            None => q,
         });
-        let i = base + r * 1024 + 4 * t;
+        sh.set(pad(r * SCAN_BLOCK as usize + t), v[r][3].to_bits() as u32);
+    });
+    sync_threads();
+    if w == 0 {
+        // Raking: lane l folds chunks 32l .. 32l + 32 in order.
+        let chunk = |q: usize| T::from_bits(sh.get(pad(q)) as u64);
+        let mut seg = chunk(32 * lane);
+        for k in 1..32 {
+            seg = op(seg, chunk(32 * lane + k));
+        }
+        let inc = warp::inclusive_scan(seg, op);
+        let before = warp::shfl_up(inc, 1);
+        let aggregate = warp::shfl_idx(inc, 31);
+        let last_of_group = tile % SCAN_GROUP == SCAN_GROUP - 1;
+        if lane == 0 && !last_of_group {
+            scratch.atomic_store(1 + tile, READY | aggregate.to_bits(), Relaxed);
+        }
+        let e = look_back(&scratch, tile, op);
+        let e = warp::shfl_idx(e.unwrap_or(T::ZERO), 0);
+        if lane == 0 && last_of_group {
+            let inclusive = if tile == 0 {
+                aggregate
+            } else {
+                op(e, aggregate)
+            };
+            scratch.atomic_store(1 + tile, READY | inclusive.to_bits(), Relaxed);
+        }
+        // Each chunk's prefix: E, then the chunks before it in the tile.
+        let mut running = if lane == 0 { None } else { Some(before) };
+        for k in 0..32 {
+            let q = 32 * lane + k;
+            let c = chunk(q);
+            let p = match (tile == 0, running) {
+                (true, Some(r)) => r,
+                (false, Some(r)) => op(e, r),
+                (false, None) => e,
+                (true, None) => T::ZERO,
+            };
+            sh.set(pad(q), p.to_bits() as u32);
+            running = fold(running, c, op);
+        }
+    }
+    sync_threads();
+    unroll!(r in [0 1 2 3] {
+        let q = r * SCAN_BLOCK as usize + t;
+        let p = T::from_bits(sh.get(pad(q)) as u64);
+        let first = tile == 0 && q == 0;
+        let out = v[r].map(|c| if first { c } else { op(p, c) });
+        let i = base + 4 * q;
         if vector && i + 4 <= n {
             // SAFETY: i + 4 <= n <= y.len(), aligned (i a multiple of 4, y
             // aligned); each element has one writer.
-            unsafe { store4_bits(&y, i, out.map(|q| q.to_bits() as u32)) };
+            unsafe { store4_bits(&y, i, out.map(|c| c.to_bits() as u32)) };
         } else {
-            for (k, q) in out.into_iter().enumerate() {
+            unroll!(k in [0 1 2 3] {
                 if i + k < n {
                     // SAFETY: i + k < n <= y.len(); one writer per element.
-                    unsafe { y.write(i + k, q) };
+                    unsafe { y.write(i + k, out[k]) };
                 }
-            }
+            });
         }
-    }
+    });
 }
 
 fn add<T: Arith>(a: T, b: T) -> T {
