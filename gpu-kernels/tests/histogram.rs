@@ -16,7 +16,7 @@ fn run(x: &[u8], offset: usize, start: &[u32]) -> Vec<u32> {
         2,
         (xb.slice(), bins.slice_mut()),
     );
-    bins.to_vec()
+    bins.contents()
 }
 
 #[test]

@@ -59,22 +59,22 @@ fn model(x: &[f32], e: usize, plan: &ReducePlan, id: f32, op: fn(f32, f32) -> f3
 }
 
 /// Runs pass 1 (kernel `P`) and pass 2 (kernel `F`) and returns `out[0]`.
-fn run<P, F, T: Copy>(x: &[T], offset: usize, plan: &ReducePlan) -> f32
+fn run<P, F, T>(x: &[T], offset: usize, plan: &ReducePlan) -> f32
 where
     P: kernel_abi::Kernel<Params = (kernel_abi::Slice<T>, kernel_abi::SliceMut<f32>)>,
     F: kernel_abi::Kernel<Params = (kernel_abi::Slice<f32>, kernel_abi::SliceMut<f32>)>,
-    T: Sync + Send,
+    T: Copy + Sync + Send,
 {
     let mut xb = Buf::new(x, offset);
     let mut partials = Buf::new(&vec![f32::NAN; plan.partials], 0);
     let mut out = Buf::new(&[f32::NAN], 0);
     launch::<P>(plan.pass1, 2, (xb.slice(), partials.slice_mut()));
     assert!(
-        partials.to_vec().iter().all(|p| !p.is_nan()),
+        partials.contents().iter().all(|p| !p.is_nan()),
         "a partial left unwritten"
     );
     launch::<F>(plan.pass2, 2, (partials.slice(), out.slice_mut()));
-    out.to_vec()[0]
+    out.contents()[0]
 }
 
 fn check(x: &[f32], got_sum: f32, got_max: f32, e: usize, plan: &ReducePlan, what: &str) {

@@ -25,9 +25,9 @@ where
         workers,
         (xb.slice(), y.slice_mut(), scratch.slice_mut()),
     );
-    let s = scratch.to_vec();
+    let s = scratch.contents();
     assert_eq!(s[0], scan::scan_tiles(n) as u64, "every tile taken once");
-    y.to_vec()
+    y.contents()
 }
 
 #[test]

@@ -28,8 +28,8 @@ fn model_row(x: &[f32]) -> Vec<f32> {
         .map(|g| {
             let mut s = 0.0f32;
             for q in (g..chunks).step_by(width) {
-                for i in 4 * q..(4 * q + 4).min(cols) {
-                    s += exp_f32(x[i] - m);
+                for &v in &x[4 * q..(4 * q + 4).min(cols)] {
+                    s += exp_f32(v - m);
                 }
             }
             s
@@ -72,7 +72,7 @@ fn softmax_rows_meet_the_f64_reference_and_the_fixed_order_bit_for_bit() {
         ys = unsafe { kernel_abi::SliceMut::from_raw_parts(ys.as_mut_ptr(), n) };
         let plan = softmax::softmax_launch(rows, cols);
         launch::<softmax::softmax_f32>(plan, 2, (xb.slice(), ys, rows as u32, cols as u32));
-        let y = y.to_vec();
+        let y = y.contents();
         assert!(
             y[n..].iter().all(|v| v.is_nan()),
             "{rows}x{cols}: a guard element written"
@@ -116,7 +116,7 @@ fn softmax_of_misaligned_rows_gives_the_same_bits_as_aligned_ones() {
             2,
             (xb.slice(), y.slice_mut(), rows as u32, cols as u32),
         );
-        out.push(y.to_vec());
+        out.push(y.contents());
     }
     assert!(out[0]
         .iter()

@@ -64,7 +64,7 @@ impl<T: Copy> Buf<T> {
     }
 
     /// A copy of the elements.
-    pub fn to_vec(&mut self) -> Vec<T> {
+    pub fn contents(&mut self) -> Vec<T> {
         self.as_mut().to_vec()
     }
 }
