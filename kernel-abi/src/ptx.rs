@@ -18,7 +18,7 @@
 //! nested kernel build enables it): operands are `reg32` (32-bit values,
 //! also `f32`), `reg64` (64-bit values, pointers) and `reg16`; a shared
 //! array's element address for `ld.shared`/`st.shared`/`ldmatrix` is
-//! [`SharedArray::shared_addr`] (a 32-bit shared-window address, nvptx only);
+//! `SharedArray::shared_addr` (a 32-bit shared-window address, nvptx builds only);
 //! a [`Slice`]'s pointer is generic: `cvta.to.global.u64` it for `.global`
 //! instructions. Declare scratch registers inside `{ }` with a prefix of
 //! your own (`.reg .pred %my_p;`), give `options(nomem)` only to

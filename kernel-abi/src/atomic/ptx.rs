@@ -3,7 +3,7 @@
 //! fences for orderings stronger than relaxed.
 
 use super::{load_order, Atomic, Ordering, Rmw};
-use crate::elem::{Arith, Plain};
+use crate::elem::Arith;
 use crate::shared::SharedArray;
 use core::arch::asm;
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
@@ -213,7 +213,6 @@ impl Atomic for f32 {
             Rmw::Cas(c, n) => f32::from_bits(cas32(c.to_bits(), n.to_bits())),
         };
         after(order, crate::thread::fence_block);
-        let _ = Plain::to_bits(r);
         r
     }
 }
