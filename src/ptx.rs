@@ -47,6 +47,22 @@ mod tests {
             );
         }
         assert_eq!(entries.len(), gpu_kernels::KERNEL_NAMES.len());
+        // The sm_80 build: the same, and the kernels only it has.
+        let sm80 = entry_points(PTX_SM80);
+        for name in gpu_kernels::KERNEL_NAMES
+            .iter()
+            .chain(gpu_kernels::SM80_KERNEL_NAMES)
+        {
+            assert!(
+                sm80.contains(name),
+                "missing .entry {name} in the sm_80 PTX"
+            );
+        }
+        assert_eq!(
+            sm80.len(),
+            gpu_kernels::KERNEL_NAMES.len() + gpu_kernels::SM80_KERNEL_NAMES.len()
+        );
+        assert!(unresolved_externs(PTX_SM80).is_empty());
         assert!(
             unresolved_externs(PTX).is_empty(),
             "{:?}",
