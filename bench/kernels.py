@@ -781,9 +781,17 @@ def main():
     elif args.no_cuda_cpp:
         cuda_cpp = {"status": "not run: --no-cuda-cpp"}
     else:
-        cuda_cpp = run_cuda_cpp(args, outdir, build, budget, ops)
-    cpp_rows = cuda_cpp_rows(cuda_cpp)
-    rows.extend(cpp_rows)
+        ctx.current = "cuda-cpp"
+        try:
+            cuda_cpp = run_cuda_cpp(args, outdir, build, budget, ops)
+        except Exception as e:  # noqa: BLE001
+            cuda_cpp = {"status": f"error: {type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            log(cuda_cpp["traceback"])
+    try:
+        rows.extend(cuda_cpp_rows(cuda_cpp))
+    except Exception as e:  # noqa: BLE001
+        rows.append({"op": "*", "impl": "cuda-cpp", "variant": "*", "status": "error", "verified": False,
+                     "checks": [], "note": f"reading its JSON: {type(e).__name__}: {e}"})
     write(False)
 
     # ---- Python-side sections, one op at a time ----
@@ -799,7 +807,18 @@ def main():
         ctx.method_seconds = min(args.method_seconds, max(0.3, (budget.left() - 30) / 40))
         log(f"== {op} (elapsed {budget.elapsed():.0f} s)")
         ctx.current = op
-        methods = build_methods()
+        try:
+            methods = build_methods()
+            run_section(op, methods, unit, bytes_, flops, shape)
+        except Exception as e:  # noqa: BLE001 - a bug or a failure in one op must not end the run
+            tb = traceback.format_exc()
+            log(f"  {op}: section failed: {type(e).__name__}: {e}\n{tb}")
+            rows.append({"op": op, "impl": "*", "variant": "*", "status": "error", "verified": False, "checks": [],
+                         "note": f"section failed: {type(e).__name__}: {e}", "traceback": tb[-3000:]})
+        torch.cuda.synchronize()
+        write(False)
+
+    def run_section(op, methods, unit, bytes_, flops, shape):
         # gpufeed: a full-size call that would take too long (extrapolated from the sample) is skipped
         for m in methods:
             limit = min(60.0, max(5.0, budget.left() / 4))
@@ -818,7 +837,6 @@ def main():
             v = r.get("value")
             log(f"  {m.impl:8s} {m.variant:28s} " + (f"{v:9.1f} {unit}" if v else f"{'-':>9s}      ") +
                 f"  {r['status']}" + (f"  ({r['note']})" if r.get("note") else ""))
-        write(False)
 
     def tm(op, variant, fn, sample_fn=None, sample_check=None, full_check=None, note=""):
         """A torch Method, checked on the sample input and, before timing, at full size."""
@@ -963,7 +981,11 @@ def main():
     section("bf16gemm", bf16_methods, "TFLOPS", flops=flops, shape={"m": G, "n": G, "k": G})
 
     # ---- ratios, output, plot ----
-    ratios.extend(compute_ratios(rows))
+    ctx.current = "ratios"
+    try:
+        ratios.extend(compute_ratios(rows))
+    except Exception as e:  # noqa: BLE001
+        log(f"ratios failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
     log("== ratios (this run)")
     for r in ratios:
         v = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
@@ -973,9 +995,10 @@ def main():
     write(True)
     wd.cancel()
     if outdir:
-        meta_plot = plot(ratios, outdir, meta)
-        if meta_plot:
-            log(meta_plot)
+        try:
+            log(plot(ratios, outdir, meta))
+        except Exception as e:  # noqa: BLE001
+            log(f"no plot: {type(e).__name__}: {e}")
     bad = [r for r in rows if r.get("status") == "check failed" or
            (r.get("impl") == "cuda-cpp" and r.get("value") is not None and not r.get("verified"))]
     if bad:
