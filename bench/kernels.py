@@ -89,6 +89,10 @@ class NotAvailable(Exception):
     pass
 
 
+class CallFailed(Exception):
+    pass
+
+
 _GF = {}
 
 
@@ -513,8 +517,10 @@ def gf_probe(ctx, op, call, make_out=None):
             except NotAvailable:
                 raise
             except Exception as e:  # noqa: BLE001
-                errors.append(f"stream={kind} out={use_out}: {type(e).__name__}: {e}")
-    raise RuntimeError("every way of calling it failed: " + " | ".join(errors))
+                errors.append((f"stream={kind} out={use_out}", f"{type(e).__name__}: {e}"))
+    if len({msg for _, msg in errors}) == 1:
+        raise CallFailed(f"{errors[0][1]} (with every stream/out combination tried)")
+    raise CallFailed("every way of calling it failed: " + " | ".join(f"{w}: {msg}" for w, msg in errors))
 
 
 def gf_method(ctx, op, variant, call, make_out=None, sample_check=None):
@@ -529,6 +535,10 @@ def gf_method(ctx, op, variant, call, make_out=None, sample_check=None):
     except NotAvailable as e:
         m.status = "not available"
         m.note = str(e)
+        return m
+    except CallFailed as e:
+        m.status = "error"
+        m.note = str(e)[:600]
         return m
     except Exception as e:  # noqa: BLE001
         m.status = "error"
@@ -711,300 +721,307 @@ def main():
         build["thread"] = threading.Thread(target=build_cuda_cpp, args=(args, outdir, build), daemon=True)
         build["thread"].start()
 
-    n = args.bytes // 4
-    ns = 1_000_007
-    cols = args.cols
-    sgen = np.random.default_rng(7)
-
-    # ---- sample-size inputs and references ----
-    xs = int_data(ns, 11, dev)
-    xs_head = xs.clone()
-    xs_head[0] = 10.0
-    xs_h = xs.cpu().numpy().astype(np.float64)
-    xsh_h = xs_head.cpu().numpy().astype(np.float64)
-    s_ref = {"sum": float(xs_h.sum()), "max": float(xs_h.max()), "max_head": float(xsh_h.max()),
-             "cumsum": torch.from_numpy(np.cumsum(xs_h)).to(dev), "x": torch.from_numpy(xs_h).to(dev)}
-    s_rows = 33
-    xs2 = xs[: s_rows * cols].view(s_rows, cols)
-    s_soft_idx = np.arange(s_rows)
-    s_soft_ref = softmax_ref_rows(xs_h[: s_rows * cols].reshape(s_rows, cols))
-    bs = torch.randint(0, 256, (ns,), dtype=torch.uint8, device=dev, generator=torch.Generator(device=dev).manual_seed(5))
-    s_hist_ref = bincount_ref(bs.cpu().numpy())
-    sm, sn, sk = 257, 383, 129
-    as32 = torch.from_numpy(sgen.uniform(-1, 1, (sm, sk)).astype(np.float32)).to(dev)
-    bs32 = torch.from_numpy(sgen.uniform(-1, 1, (sk, sn)).astype(np.float32)).to(dev)
-    as16, bs16 = as32.to(torch.bfloat16), bs32.to(torch.bfloat16)
-    s_gemm32 = gemm_refs(as32.double().cpu().numpy(), bs32.double().cpu().numpy(), np.arange(sm), np.arange(sn))
-    s_gemm16 = gemm_refs(as16.double().cpu().numpy(), bs16.double().cpu().numpy(), np.arange(sm), np.arange(sn))
-    torch.cuda.synchronize()
-
-    # ---- full-size inputs and references ----
-    log(f"== inputs: {n} f32, {args.hist_bytes} bytes, GEMM {args.gemm}^3 (elapsed {budget.elapsed():.0f} s)")
-    need_f32 = ops & {"copy", "sum", "max", "scan", "softmax"}
-    X = Y = Xh = ref_cum = None
-    if need_f32:
-        X = int_data(n, 1, dev)
-        Y = torch.empty_like(X)
-        Xh = X.cpu().numpy()
-        f_ref = {"sum": float(Xh.sum(dtype=np.float64)), "max": float(Xh.max())}
-        if "scan" in ops:
-            ref_cum = torch.from_numpy(np.cumsum(Xh, dtype=np.float64)).to(dev)
-        rows_n = n // cols
-        X2 = X[: rows_n * cols].view(rows_n, cols)
-        Y2 = Y[: rows_n * cols].view(rows_n, cols)
-        soft_idx = np.unique(np.concatenate([np.linspace(0, rows_n - 1, min(rows_n, 256)).astype(np.int64), [rows_n - 1]]))
-        soft_ref = softmax_ref_rows(Xh[: rows_n * cols].reshape(rows_n, cols)[soft_idx].astype(np.float64))
-    B = hist_ref = None
-    if "histogram" in ops:
-        B = torch.randint(0, 256, (args.hist_bytes,), dtype=torch.uint8, device=dev,
-                          generator=torch.Generator(device=dev).manual_seed(3))
-        hist_ref = bincount_ref(B.cpu().numpy())
-    G = args.gemm
-    g_rows = np.sort(sgen.choice(G, size=min(G, 64), replace=False))
-    g_cols = np.sort(sgen.choice(G, size=min(G, 64), replace=False))
-    A32 = B32 = A16 = B16 = None
-    if "sgemm" in ops:
-        A32 = torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(21)) * 2 - 1
-        B32 = torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(22)) * 2 - 1
-        f_gemm32 = gemm_refs(A32.double().cpu().numpy(), B32.double().cpu().numpy(), g_rows, g_cols)
-    if "bf16gemm" in ops:
-        A16 = (torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(23)) * 2 - 1).to(torch.bfloat16)
-        B16 = (torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(24)) * 2 - 1).to(torch.bfloat16)
-        f_gemm16 = gemm_refs(A16.double().cpu().numpy(), B16.double().cpu().numpy(), g_rows, g_cols)
-    torch.cuda.synchronize()
-    log(f"== references ready (elapsed {budget.elapsed():.0f} s)")
-
-    # ---- the CUDA C++ peers: wait for the build, run at a small odd size, then at full size ----
-    if args.cuda_cpp_json:
-        with open(args.cuda_cpp_json) as f:
-            cuda_cpp = {"status": "from file", "path": args.cuda_cpp_json, "full": json.load(f)}
-    elif args.no_cuda_cpp:
-        cuda_cpp = {"status": "not run: --no-cuda-cpp"}
-    else:
-        ctx.current = "cuda-cpp"
-        try:
-            cuda_cpp = run_cuda_cpp(args, outdir, build, budget, ops)
-        except Exception as e:  # noqa: BLE001
-            cuda_cpp = {"status": f"error: {type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            log(cuda_cpp["traceback"])
     try:
-        rows.extend(cuda_cpp_rows(cuda_cpp))
-    except Exception as e:  # noqa: BLE001
-        rows.append({"op": "*", "impl": "cuda-cpp", "variant": "*", "status": "error", "verified": False,
-                     "checks": [], "note": f"reading its JSON: {type(e).__name__}: {e}"})
-    write(False)
+        n = args.bytes // 4
+        ns = 1_000_007
+        cols = args.cols
+        sgen = np.random.default_rng(7)
 
-    # ---- Python-side sections, one op at a time ----
-    est = {"copy": 5, "sum": 5, "max": 5, "scan": 8, "softmax": 8, "histogram": 25, "sgemm": 15, "bf16gemm": 10}
-
-    def section(op, build_methods, unit, bytes_=None, flops=None, shape=None):
-        if op not in ops:
-            return
-        if not budget.allow(f"python {op}", est[op] + 15):
-            rows.append({"op": op, "impl": "*", "variant": "*", "status": "skipped", "note": "time budget",
-                         "verified": False, "checks": []})
-            return
-        ctx.method_seconds = min(args.method_seconds, max(0.3, (budget.left() - 30) / 40))
-        log(f"== {op} (elapsed {budget.elapsed():.0f} s)")
-        ctx.current = op
-        try:
-            methods = build_methods()
-            run_section(op, methods, unit, bytes_, flops, shape)
-        except Exception as e:  # noqa: BLE001 - a bug or a failure in one op must not end the run
-            tb = traceback.format_exc()
-            log(f"  {op}: section failed: {type(e).__name__}: {e}\n{tb}")
-            rows.append({"op": op, "impl": "*", "variant": "*", "status": "error", "verified": False, "checks": [],
-                         "note": f"section failed: {type(e).__name__}: {e}", "traceback": tb[-3000:]})
+        # ---- sample-size inputs and references ----
+        xs = int_data(ns, 11, dev)
+        xs_head = xs.clone()
+        xs_head[0] = 10.0
+        xs_h = xs.cpu().numpy().astype(np.float64)
+        xsh_h = xs_head.cpu().numpy().astype(np.float64)
+        s_ref = {"sum": float(xs_h.sum()), "max": float(xs_h.max()), "max_head": float(xsh_h.max()),
+                 "cumsum": torch.from_numpy(np.cumsum(xs_h)).to(dev), "x": torch.from_numpy(xs_h).to(dev)}
+        s_rows = 33
+        xs2 = xs[: s_rows * cols].view(s_rows, cols)
+        s_soft_idx = np.arange(s_rows)
+        s_soft_ref = softmax_ref_rows(xs_h[: s_rows * cols].reshape(s_rows, cols))
+        bs = torch.randint(0, 256, (ns,), dtype=torch.uint8, device=dev, generator=torch.Generator(device=dev).manual_seed(5))
+        s_hist_ref = bincount_ref(bs.cpu().numpy())
+        sm, sn, sk = 257, 383, 129
+        as32 = torch.from_numpy(sgen.uniform(-1, 1, (sm, sk)).astype(np.float32)).to(dev)
+        bs32 = torch.from_numpy(sgen.uniform(-1, 1, (sk, sn)).astype(np.float32)).to(dev)
+        as16, bs16 = as32.to(torch.bfloat16), bs32.to(torch.bfloat16)
+        s_gemm32 = gemm_refs(as32.double().cpu().numpy(), bs32.double().cpu().numpy(), np.arange(sm), np.arange(sn))
+        s_gemm16 = gemm_refs(as16.double().cpu().numpy(), bs16.double().cpu().numpy(), np.arange(sm), np.arange(sn))
         torch.cuda.synchronize()
+
+        # ---- full-size inputs and references ----
+        log(f"== inputs: {n} f32, {args.hist_bytes} bytes, GEMM {args.gemm}^3 (elapsed {budget.elapsed():.0f} s)")
+        need_f32 = ops & {"copy", "sum", "max", "scan", "softmax"}
+        X = Y = Xh = ref_cum = None
+        if need_f32:
+            X = int_data(n, 1, dev)
+            Y = torch.empty_like(X)
+            Xh = X.cpu().numpy()
+            f_ref = {"sum": float(Xh.sum(dtype=np.float64)), "max": float(Xh.max())}
+            if "scan" in ops:
+                ref_cum = torch.from_numpy(np.cumsum(Xh, dtype=np.float64)).to(dev)
+            rows_n = n // cols
+            X2 = X[: rows_n * cols].view(rows_n, cols)
+            Y2 = Y[: rows_n * cols].view(rows_n, cols)
+            soft_idx = np.unique(np.concatenate([np.linspace(0, rows_n - 1, min(rows_n, 256)).astype(np.int64), [rows_n - 1]]))
+            soft_ref = softmax_ref_rows(Xh[: rows_n * cols].reshape(rows_n, cols)[soft_idx].astype(np.float64))
+        B = hist_ref = None
+        if "histogram" in ops:
+            B = torch.randint(0, 256, (args.hist_bytes,), dtype=torch.uint8, device=dev,
+                              generator=torch.Generator(device=dev).manual_seed(3))
+            hist_ref = bincount_ref(B.cpu().numpy())
+        G = args.gemm
+        g_rows = np.sort(sgen.choice(G, size=min(G, 64), replace=False))
+        g_cols = np.sort(sgen.choice(G, size=min(G, 64), replace=False))
+        A32 = B32 = A16 = B16 = None
+        if "sgemm" in ops:
+            A32 = torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(21)) * 2 - 1
+            B32 = torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(22)) * 2 - 1
+            f_gemm32 = gemm_refs(A32.double().cpu().numpy(), B32.double().cpu().numpy(), g_rows, g_cols)
+        if "bf16gemm" in ops:
+            A16 = (torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(23)) * 2 - 1).to(torch.bfloat16)
+            B16 = (torch.rand(G, G, device=dev, generator=torch.Generator(device=dev).manual_seed(24)) * 2 - 1).to(torch.bfloat16)
+            f_gemm16 = gemm_refs(A16.double().cpu().numpy(), B16.double().cpu().numpy(), g_rows, g_cols)
+        torch.cuda.synchronize()
+        log(f"== references ready (elapsed {budget.elapsed():.0f} s)")
+
+        # ---- the CUDA C++ peers: wait for the build, run at a small odd size, then at full size ----
+        if args.cuda_cpp_json:
+            with open(args.cuda_cpp_json) as f:
+                cuda_cpp = {"status": "from file", "path": args.cuda_cpp_json, "full": json.load(f)}
+        elif args.no_cuda_cpp:
+            cuda_cpp = {"status": "not run: --no-cuda-cpp"}
+        else:
+            ctx.current = "cuda-cpp"
+            try:
+                cuda_cpp = run_cuda_cpp(args, outdir, build, budget, ops)
+            except Exception as e:  # noqa: BLE001
+                cuda_cpp = {"status": f"error: {type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                log(cuda_cpp["traceback"])
+        try:
+            rows.extend(cuda_cpp_rows(cuda_cpp))
+        except Exception as e:  # noqa: BLE001
+            rows.append({"op": "*", "impl": "cuda-cpp", "variant": "*", "status": "error", "verified": False,
+                         "checks": [], "note": f"reading its JSON: {type(e).__name__}: {e}"})
         write(False)
 
-    def run_section(op, methods, unit, bytes_, flops, shape):
-        # gpufeed: a full-size call that would take too long (extrapolated from the sample) is skipped
-        for m in methods:
-            limit = min(60.0, max(5.0, budget.left() / 4))
-            if m.status == "ok" and getattr(m, "extrap_s", 0.0) > limit:
-                m.status = "skipped"
-                m.note += f"; a full-size call would take ~{m.extrap_s:.0f} s (from the sample call), over {limit:.0f} s"
-                budget.skipped.append({"what": f"gpufeed {op}", "extrapolated_s": round(m.extrap_s, 1)})
-        # the full-size check of each method, before timing
-        for m in methods:
-            if m.status == "ok" and getattr(m, "full_check", None):
-                run_checked(m, "full", m.fn, m.full_check)
-        time_methods(ctx, [m for m in methods if m.status == "ok"])
-        for m in methods:
-            r = new_row(m, unit, bytes_, flops, shape)
-            rows.append(r)
-            v = r.get("value")
-            log(f"  {m.impl:8s} {m.variant:28s} " + (f"{v:9.1f} {unit}" if v else f"{'-':>9s}      ") +
-                f"  {r['status']}" + (f"  ({r['note']})" if r.get("note") else ""))
+        # ---- Python-side sections, one op at a time ----
+        est = {"copy": 5, "sum": 5, "max": 5, "scan": 8, "softmax": 8, "histogram": 25, "sgemm": 15, "bf16gemm": 10}
 
-    def tm(op, variant, fn, sample_fn=None, sample_check=None, full_check=None, note=""):
-        """A torch Method, checked on the sample input and, before timing, at full size."""
-        m = Method(op, "torch", variant, fn, events=True, note=note)
-        if sample_fn is not None:
-            run_checked(m, "sample", sample_fn, sample_check)
-        m.full_check = full_check
-        return m
+        def section(op, build_methods, unit, bytes_=None, flops=None, shape=None):
+            if op not in ops:
+                return
+            if not budget.allow(f"python {op}", est[op] + 15):
+                rows.append({"op": op, "impl": "*", "variant": "*", "status": "skipped", "note": "time budget",
+                             "verified": False, "checks": []})
+                return
+            ctx.method_seconds = min(args.method_seconds, max(0.3, (budget.left() - 30) / 40))
+            log(f"== {op} (elapsed {budget.elapsed():.0f} s)")
+            ctx.current = op
+            try:
+                methods = build_methods()
+                run_section(op, methods, unit, bytes_, flops, shape)
+            except Exception as e:  # noqa: BLE001 - a bug or a failure in one op must not end the run
+                tb = traceback.format_exc()
+                log(f"  {op}: section failed: {type(e).__name__}: {e}\n{tb}")
+                rows.append({"op": op, "impl": "*", "variant": "*", "status": "error", "verified": False, "checks": [],
+                             "note": f"section failed: {type(e).__name__}: {e}", "traceback": tb[-3000:]})
+            torch.cuda.synchronize()
+            write(False)
 
-    def gm(op, variant, call, sample_args, full_args, scale, make_sample_out=None, make_full_out=None,
-           sample_check=None, full_check=None):
-        """A gpufeed Method: call(inputs, stream, out). `scale`: the full-size work over the sample's,
-        to extrapolate the full-size call's time from the sample's (a call that would take too long,
-        e.g. an op that fell back to the CPU, is skipped, not waited for)."""
-        m = gf_method(ctx, op, variant, lambda s, o: call(sample_args, s, o), make_sample_out,
-                      lambda res: [sample_check(res)])
-        if m.status == "ok":
-            out = make_full_out() if (m.how["out"] and make_full_out) else None
-            stream = gf_stream(m.how["stream"])
+        def run_section(op, methods, unit, bytes_, flops, shape):
+            # gpufeed: a full-size call that would take too long (extrapolated from the sample) is skipped
+            for m in methods:
+                limit = min(60.0, max(5.0, budget.left() / 4))
+                if m.status == "ok" and getattr(m, "extrap_s", 0.0) > limit:
+                    m.status = "skipped"
+                    m.note += f"; a full-size call would take ~{m.extrap_s:.0f} s (from the sample call), over {limit:.0f} s"
+                    budget.skipped.append({"what": f"gpufeed {op}", "extrapolated_s": round(m.extrap_s, 1)})
+            # the full-size check of each method, before timing
+            for m in methods:
+                if m.status == "ok" and getattr(m, "full_check", None):
+                    run_checked(m, "full", m.fn, m.full_check)
+            time_methods(ctx, [m for m in methods if m.status == "ok"])
+            for m in methods:
+                r = new_row(m, unit, bytes_, flops, shape)
+                rows.append(r)
+                v = r.get("value")
+                log(f"  {m.impl:8s} {m.variant:28s} " + (f"{v:9.1f} {unit}" if v else f"{'-':>9s}      ") +
+                    f"  {r['status']}" + (f"  ({r['note']})" if r.get("note") else ""))
 
-            def fn():
-                res = call(full_args, stream, out)
-                return out if res is None else res
-            m.fn = fn
+        def tm(op, variant, fn, sample_fn=None, sample_check=None, full_check=None, note=""):
+            """A torch Method, checked on the sample input and, before timing, at full size."""
+            m = Method(op, "torch", variant, fn, events=True, note=note)
+            if sample_fn is not None:
+                run_checked(m, "sample", sample_fn, sample_check)
             m.full_check = full_check
-            m.extrap_s = (m.sample_s or 0.0) * scale
-        return m
+            return m
 
-    nbytes = 4 * n
+        def gm(op, variant, call, sample_args, full_args, scale, make_sample_out=None, make_full_out=None,
+               sample_check=None, full_check=None):
+            """A gpufeed Method: call(inputs, stream, out). `scale`: the full-size work over the sample's,
+            to extrapolate the full-size call's time from the sample's (a call that would take too long,
+            e.g. an op that fell back to the CPU, is skipped, not waited for)."""
+            m = gf_method(ctx, op, variant, lambda s, o: call(sample_args, s, o), make_sample_out,
+                          lambda res: [sample_check(res)])
+            if m.status == "ok":
+                out = make_full_out() if (m.how["out"] and make_full_out) else None
+                stream = gf_stream(m.how["stream"])
 
-    # copy
-    def copy_methods():
-        m = tm("copy", "copy_", lambda: Y.copy_(X),
-               lambda: torch.empty_like(xs).copy_(xs), lambda r: check_array_exact("sample", r, s_ref["x"]),
-               lambda r: chk("full", bool(torch.equal(Y, X)), detail="bit for bit"), note="dst.copy_(src), device to device")
-        return [m]
-    section("copy", copy_methods, "GB/s", bytes_=2 * nbytes, shape={"n": n})
+                def fn():
+                    res = call(full_args, stream, out)
+                    return out if res is None else res
+                m.fn = fn
+                m.full_check = full_check
+                m.extrap_s = (m.sample_s or 0.0) * scale
+            return m
 
-    # sum
-    def sum_methods():
-        ms = [tm("sum", "torch.sum", lambda: torch.sum(X), lambda: torch.sum(xs),
-                 lambda r: check_scalar_exact("sample", r, s_ref["sum"]),
-                 lambda r: check_scalar_exact("full", r, f_ref["sum"]))]
-        ms.append(gm("sum", "kernels.sum", lambda a, s, o: gf_sum(a, stream=s), xs, X, n / ns,
-                     sample_check=lambda r: check_scalar_exact("sample", r, s_ref["sum"]),
-                     full_check=lambda r: check_scalar_exact("full", r, f_ref["sum"])))
-        return ms
-    section("sum", sum_methods, "GB/s", bytes_=nbytes, shape={"n": n})
+        nbytes = 4 * n
 
-    # max
-    def max_methods():
-        ms = [tm("max", "torch.amax", lambda: torch.amax(X), lambda: (torch.amax(xs), torch.amax(xs_head)),
-                 lambda r: chk("sample", check_scalar_exact("s", r[0], s_ref["max"])["ok"] and
-                               check_scalar_exact("s", r[1], s_ref["max_head"])["ok"],
-                               detail="maximum at the last and at the first element, exact"),
-                 lambda r: check_scalar_exact("full", r, f_ref["max"]))]
-        g = gm("max", "kernels.max", lambda a, s, o: gf_max(a, stream=s), xs, X, n / ns,
-               sample_check=lambda r: check_scalar_exact("sample", r, s_ref["max"]),
-               full_check=lambda r: check_scalar_exact("full", r, f_ref["max"]))
-        if g.status == "ok":
-            run_checked(g, "sample", lambda: gf_max(xs_head, stream=gf_stream(g.how["stream"])),
-                        lambda r: check_scalar_exact("sample", r, s_ref["max_head"]))
-        ms.append(g)
-        return ms
-    section("max", max_methods, "GB/s", bytes_=nbytes, shape={"n": n})
+        # copy
+        def copy_methods():
+            m = tm("copy", "copy_", lambda: Y.copy_(X),
+                   lambda: torch.empty_like(xs).copy_(xs), lambda r: check_array_exact("sample", r, s_ref["x"]),
+                   lambda r: chk("full", bool(torch.equal(Y, X)), detail="bit for bit"), note="dst.copy_(src), device to device")
+            return [m]
+        section("copy", copy_methods, "GB/s", bytes_=2 * nbytes, shape={"n": n})
 
-    # scan
-    def scan_methods():
-        ms = [tm("scan", "torch.cumsum", lambda: torch.cumsum(X, 0, out=Y), lambda: torch.cumsum(xs, 0),
-                 lambda r: check_array_exact("sample", r, s_ref["cumsum"]),
-                 lambda r: check_array_exact("full", r, ref_cum))]
-        ms.append(gm("scan", "kernels.cumsum", lambda a, s, o: gf_cumsum(a, out=o, stream=s), xs, X, n / ns,
-                     make_sample_out=lambda: torch.empty_like(xs), make_full_out=lambda: Y,
-                     sample_check=lambda r: check_array_exact("sample", r, s_ref["cumsum"]),
-                     full_check=lambda r: check_array_exact("full", r, ref_cum)))
-        return ms
-    section("scan", scan_methods, "GB/s", bytes_=2 * nbytes, shape={"n": n})
+        # sum
+        def sum_methods():
+            ms = [tm("sum", "torch.sum", lambda: torch.sum(X), lambda: torch.sum(xs),
+                     lambda r: check_scalar_exact("sample", r, s_ref["sum"]),
+                     lambda r: check_scalar_exact("full", r, f_ref["sum"]))]
+            ms.append(gm("sum", "kernels.sum", lambda a, s, o: gf_sum(a, stream=s), xs, X, n / ns,
+                         sample_check=lambda r: check_scalar_exact("sample", r, s_ref["sum"]),
+                         full_check=lambda r: check_scalar_exact("full", r, f_ref["sum"])))
+            return ms
+        section("sum", sum_methods, "GB/s", bytes_=nbytes, shape={"n": n})
 
-    # softmax
-    def softmax_methods():
-        ms = [tm("softmax", "torch.softmax", lambda: torch.softmax(X2, dim=1), lambda: torch.softmax(xs2, dim=1),
-                 lambda r: check_softmax("sample", r, s_soft_idx, s_soft_ref),
-                 lambda r: check_softmax("full", r, soft_idx, soft_ref))]
-        ms.append(gm("softmax", "kernels.softmax", lambda a, s, o: gf_softmax(a, out=o, stream=s), xs2, X2, (n // cols) / s_rows,
-                     make_sample_out=lambda: torch.empty_like(xs2), make_full_out=lambda: Y2,
-                     sample_check=lambda r: check_softmax("sample", r, s_soft_idx, s_soft_ref),
-                     full_check=lambda r: check_softmax("full", r, soft_idx, soft_ref)))
-        return ms
-    if need_f32:
-        section("softmax", softmax_methods, "GB/s", bytes_=2 * 4 * (n // cols) * cols,
-                shape={"rows": n // cols, "cols": cols})
+        # max
+        def max_methods():
+            ms = [tm("max", "torch.amax", lambda: torch.amax(X), lambda: (torch.amax(xs), torch.amax(xs_head)),
+                     lambda r: chk("sample", check_scalar_exact("s", r[0], s_ref["max"])["ok"] and
+                                   check_scalar_exact("s", r[1], s_ref["max_head"])["ok"],
+                                   detail="maximum at the last and at the first element, exact"),
+                     lambda r: check_scalar_exact("full", r, f_ref["max"]))]
+            g = gm("max", "kernels.max", lambda a, s, o: gf_max(a, stream=s), xs, X, n / ns,
+                   sample_check=lambda r: check_scalar_exact("sample", r, s_ref["max"]),
+                   full_check=lambda r: check_scalar_exact("full", r, f_ref["max"]))
+            if g.status == "ok":
+                run_checked(g, "sample", lambda: gf_max(xs_head, stream=gf_stream(g.how["stream"])),
+                            lambda r: check_scalar_exact("sample", r, s_ref["max_head"]))
+            ms.append(g)
+            return ms
+        section("max", max_methods, "GB/s", bytes_=nbytes, shape={"n": n})
 
-    # histogram
-    def hist_methods():
-        ms = [tm("histogram", "bincount", lambda: torch.bincount(B, minlength=256), lambda: torch.bincount(bs, minlength=256),
-                 lambda r: check_hist("sample", r, s_hist_ref), lambda r: check_hist("full", r, hist_ref),
-                 note="torch.bincount(uint8, minlength=256) -> int64")]
+        # scan
+        def scan_methods():
+            ms = [tm("scan", "torch.cumsum", lambda: torch.cumsum(X, 0, out=Y), lambda: torch.cumsum(xs, 0),
+                     lambda r: check_array_exact("sample", r, s_ref["cumsum"]),
+                     lambda r: check_array_exact("full", r, ref_cum))]
+            ms.append(gm("scan", "kernels.cumsum", lambda a, s, o: gf_cumsum(a, out=o, stream=s), xs, X, n / ns,
+                         make_sample_out=lambda: torch.empty_like(xs), make_full_out=lambda: Y,
+                         sample_check=lambda r: check_array_exact("sample", r, s_ref["cumsum"]),
+                         full_check=lambda r: check_array_exact("full", r, ref_cum)))
+            return ms
+        section("scan", scan_methods, "GB/s", bytes_=2 * nbytes, shape={"n": n})
+
+        # softmax
+        def softmax_methods():
+            ms = [tm("softmax", "torch.softmax", lambda: torch.softmax(X2, dim=1), lambda: torch.softmax(xs2, dim=1),
+                     lambda r: check_softmax("sample", r, s_soft_idx, s_soft_ref),
+                     lambda r: check_softmax("full", r, soft_idx, soft_ref))]
+            ms.append(gm("softmax", "kernels.softmax", lambda a, s, o: gf_softmax(a, out=o, stream=s), xs2, X2, (n // cols) / s_rows,
+                         make_sample_out=lambda: torch.empty_like(xs2), make_full_out=lambda: Y2,
+                         sample_check=lambda r: check_softmax("sample", r, s_soft_idx, s_soft_ref),
+                         full_check=lambda r: check_softmax("full", r, soft_idx, soft_ref)))
+            return ms
+        if need_f32:
+            section("softmax", softmax_methods, "GB/s", bytes_=2 * 4 * (n // cols) * cols,
+                    shape={"rows": n // cols, "cols": cols})
+
+        # histogram
+        def hist_methods():
+            ms = [tm("histogram", "bincount", lambda: torch.bincount(B, minlength=256), lambda: torch.bincount(bs, minlength=256),
+                     lambda r: check_hist("sample", r, s_hist_ref), lambda r: check_hist("full", r, hist_ref),
+                     note="torch.bincount(uint8, minlength=256) -> int64")]
+            try:
+                torch.histc(bs, bins=256, min=0, max=256)
+                hb, hnote = B, "torch.histc(uint8, bins=256, min=0, max=256)"
+                hs = bs
+            except Exception as e:  # noqa: BLE001
+                hb, hnote = B.float(), f"torch.histc on a float32 copy made beforehand (uint8: {type(e).__name__}); GB/s of the uint8 bytes"
+                hs = bs.float()
+            ms.append(tm("histogram", "histc", lambda: torch.histc(hb, bins=256, min=0, max=256),
+                         lambda: torch.histc(hs, bins=256, min=0, max=256),
+                         lambda r: check_hist("sample", r, s_hist_ref), lambda r: check_hist("full", r, hist_ref), note=hnote))
+            ms.append(gm("histogram", "kernels.histogram", lambda a, s, o: gf_histogram(a, stream=s), bs, B, args.hist_bytes / ns,
+                         sample_check=lambda r: check_hist("sample", r, s_hist_ref),
+                         full_check=lambda r: check_hist("full", r, hist_ref)))
+            return ms
+        section("histogram", hist_methods, "GB/s", bytes_=args.hist_bytes, shape={"n": args.hist_bytes})
+
+        # GEMMs
+        flops = 2.0 * G * G * G
+
+        def sgemm_methods():
+            C32 = torch.empty(G, G, device=dev)
+            ms = [tm("sgemm", "mm_f32", lambda: torch.mm(A32, B32, out=C32), lambda: torch.mm(as32, bs32),
+                     lambda r: check_gemm("sample", r, s_gemm32), lambda r: check_gemm("full", r, f_gemm32),
+                     note="cuBLAS through torch.mm, allow_tf32=False")]
+            ms.append(gm("sgemm", "kernels.matmul", lambda a, s, o: gf_matmul(a[0], a[1], out=o, stream=s),
+                         (as32, bs32), (A32, B32), flops / (2.0 * sm * sn * sk), make_sample_out=lambda: torch.empty(sm, sn, device=dev),
+                         make_full_out=lambda: C32,
+                         sample_check=lambda r: check_gemm("sample", r, s_gemm32),
+                         full_check=lambda r: check_gemm("full", r, f_gemm32)))
+            return ms
+        section("sgemm", sgemm_methods, "TFLOPS", flops=flops, shape={"m": G, "n": G, "k": G})
+
+        def bf16_methods():
+            C16 = torch.empty(G, G, device=dev, dtype=torch.bfloat16)
+            ms = [tm("bf16gemm", "mm_bf16", lambda: torch.mm(A16, B16, out=C16), lambda: torch.mm(as16, bs16),
+                     lambda r: check_gemm("sample", r, s_gemm16), lambda r: check_gemm("full", r, f_gemm16),
+                     note="cuBLAS through torch.mm, bf16 in and out")]
+            ms.append(gm("bf16gemm", "kernels.matmul", lambda a, s, o: gf_matmul(a[0], a[1], out=o, stream=s),
+                         (as16, bs16), (A16, B16), flops / (2.0 * sm * sn * sk),
+                         make_sample_out=lambda: torch.empty(sm, sn, device=dev, dtype=torch.bfloat16),
+                         make_full_out=lambda: C16,
+                         sample_check=lambda r: check_gemm("sample", r, s_gemm16),
+                         full_check=lambda r: check_gemm("full", r, f_gemm16)))
+            return ms
+        section("bf16gemm", bf16_methods, "TFLOPS", flops=flops, shape={"m": G, "n": G, "k": G})
+
+        # ---- ratios, output, plot ----
+        ctx.current = "ratios"
         try:
-            torch.histc(bs, bins=256, min=0, max=256)
-            hb, hnote = B, "torch.histc(uint8, bins=256, min=0, max=256)"
-            hs = bs
+            ratios.extend(compute_ratios(rows))
         except Exception as e:  # noqa: BLE001
-            hb, hnote = B.float(), f"torch.histc on a float32 copy made beforehand (uint8: {type(e).__name__}); GB/s of the uint8 bytes"
-            hs = bs.float()
-        ms.append(tm("histogram", "histc", lambda: torch.histc(hb, bins=256, min=0, max=256),
-                     lambda: torch.histc(hs, bins=256, min=0, max=256),
-                     lambda r: check_hist("sample", r, s_hist_ref), lambda r: check_hist("full", r, hist_ref), note=hnote))
-        ms.append(gm("histogram", "kernels.histogram", lambda a, s, o: gf_histogram(a, stream=s), bs, B, args.hist_bytes / ns,
-                     sample_check=lambda r: check_hist("sample", r, s_hist_ref),
-                     full_check=lambda r: check_hist("full", r, hist_ref)))
-        return ms
-    section("histogram", hist_methods, "GB/s", bytes_=args.hist_bytes, shape={"n": args.hist_bytes})
-
-    # GEMMs
-    flops = 2.0 * G * G * G
-
-    def sgemm_methods():
-        C32 = torch.empty(G, G, device=dev)
-        ms = [tm("sgemm", "mm_f32", lambda: torch.mm(A32, B32, out=C32), lambda: torch.mm(as32, bs32),
-                 lambda r: check_gemm("sample", r, s_gemm32), lambda r: check_gemm("full", r, f_gemm32),
-                 note="cuBLAS through torch.mm, allow_tf32=False")]
-        ms.append(gm("sgemm", "kernels.matmul", lambda a, s, o: gf_matmul(a[0], a[1], out=o, stream=s),
-                     (as32, bs32), (A32, B32), flops / (2.0 * sm * sn * sk), make_sample_out=lambda: torch.empty(sm, sn, device=dev),
-                     make_full_out=lambda: C32,
-                     sample_check=lambda r: check_gemm("sample", r, s_gemm32),
-                     full_check=lambda r: check_gemm("full", r, f_gemm32)))
-        return ms
-    section("sgemm", sgemm_methods, "TFLOPS", flops=flops, shape={"m": G, "n": G, "k": G})
-
-    def bf16_methods():
-        C16 = torch.empty(G, G, device=dev, dtype=torch.bfloat16)
-        ms = [tm("bf16gemm", "mm_bf16", lambda: torch.mm(A16, B16, out=C16), lambda: torch.mm(as16, bs16),
-                 lambda r: check_gemm("sample", r, s_gemm16), lambda r: check_gemm("full", r, f_gemm16),
-                 note="cuBLAS through torch.mm, bf16 in and out")]
-        ms.append(gm("bf16gemm", "kernels.matmul", lambda a, s, o: gf_matmul(a[0], a[1], out=o, stream=s),
-                     (as16, bs16), (A16, B16), flops / (2.0 * sm * sn * sk),
-                     make_sample_out=lambda: torch.empty(sm, sn, device=dev, dtype=torch.bfloat16),
-                     make_full_out=lambda: C16,
-                     sample_check=lambda r: check_gemm("sample", r, s_gemm16),
-                     full_check=lambda r: check_gemm("full", r, f_gemm16)))
-        return ms
-    section("bf16gemm", bf16_methods, "TFLOPS", flops=flops, shape={"m": G, "n": G, "k": G})
-
-    # ---- ratios, output, plot ----
-    ctx.current = "ratios"
-    try:
-        ratios.extend(compute_ratios(rows))
-    except Exception as e:  # noqa: BLE001
-        log(f"ratios failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-    log("== ratios (this run)")
-    for r in ratios:
-        v = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        t = f">= {r['target']}" if r["target"] is not None else "(info)"
-        met = {True: "met", False: "NOT MET", None: "n/a"}[r["met"]]
-        log(f"  {r['name']:44s} {v:>8s} {t:>9s}  {met}" + (f"  ({r['note']})" if r.get("note") else ""))
-    write(True)
-    wd.cancel()
-    if outdir:
-        try:
-            log(plot(ratios, outdir, meta))
-        except Exception as e:  # noqa: BLE001
-            log(f"no plot: {type(e).__name__}: {e}")
-    bad = [r for r in rows if r.get("status") == "check failed" or
-           (r.get("impl") == "cuda-cpp" and r.get("value") is not None and not r.get("verified"))]
-    if bad:
-        log("CHECKS FAILED: " + ", ".join(f"{r['op']}/{r['impl']}/{r['variant']}" for r in bad))
-    log(f"== done in {budget.elapsed():.0f} s" + (f"; {outdir}/kernels.json" if outdir else ""))
-    return 1 if bad else 0
+            log(f"ratios failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        log("== ratios (this run)")
+        for r in ratios:
+            v = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+            t = f">= {r['target']}" if r["target"] is not None else "(info)"
+            met = {True: "met", False: "NOT MET", None: "n/a"}[r["met"]]
+            log(f"  {r['name']:44s} {v:>8s} {t:>9s}  {met}" + (f"  ({r['note']})" if r.get("note") else ""))
+        write(True)
+        wd.cancel()
+        if outdir:
+            try:
+                log(plot(ratios, outdir, meta))
+            except Exception as e:  # noqa: BLE001
+                log(f"no plot: {type(e).__name__}: {e}")
+        bad = [r for r in rows if r.get("status") == "check failed" or
+               (r.get("impl") == "cuda-cpp" and r.get("value") is not None and not r.get("verified"))]
+        if bad:
+            log("CHECKS FAILED: " + ", ".join(f"{r['op']}/{r['impl']}/{r['variant']}" for r in bad))
+        log(f"== done in {budget.elapsed():.0f} s" + (f"; {outdir}/kernels.json" if outdir else ""))
+        return 1 if bad else 0
+    except Exception as e:  # noqa: BLE001 - whatever happened, the JSON says it
+        tb = traceback.format_exc()
+        log(tb)
+        meta["fatal"] = f"{type(e).__name__}: {e}\n{tb[-4000:]}"
+        write(False)
+        return 3
 
 
 # =====================================================================================================
@@ -1251,7 +1268,9 @@ def pick(rows, op, impl, variants):
         return None, f"{impl} {op}: not verified"
     if cands:
         c = cands[0]
-        return None, f"{impl} {op}: {c.get('status')}" + (f" ({c.get('note')})" if c.get("note") else "")
+        note = str(c.get("note") or "")
+        note = note if len(note) <= 160 else note[:157] + "..."
+        return None, f"{impl} {op}: {c.get('status')}" + (f" ({note})" if note else "")
     return None, f"{impl} {op}: not run"
 
 
@@ -1266,6 +1285,8 @@ def compute_ratios(rows):
         if a and b and b["value"]:
             r["ratio"] = a["value"] / b["value"]
             r["met"] = (r["ratio"] >= target) if target is not None else None
+            if a["op"] == b["op"] and (a.get("bytes"), a.get("flops")) != (b.get("bytes"), b.get("flops")):
+                r["note"] = "; ".join(x for x in (note, "the two rows measured different sizes") if x)
         else:
             r["ratio"] = None
             r["met"] = None
@@ -1297,7 +1318,7 @@ def plot(ratios, outdir, meta):
     for y, r in zip(ys, items):
         if r["target"] is not None:
             ax.plot([r["target"], r["target"]], [y - 0.4, y + 0.4], color="black", lw=2)
-        label = f"{r['ratio']:.2f}" if r["ratio"] is not None else "n/a"
+        label = f"{r['ratio']:.3g}" if r["ratio"] is not None else "n/a"
         ax.text(max(r["ratio"] or 0.02, 0.02) * 1.04, y, label, va="center", fontsize=8)
     ax.set_yticks(list(ys))
     ax.set_yticklabels([r["name"] for r in items], fontsize=8)
