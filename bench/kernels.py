@@ -1102,6 +1102,8 @@ def build_cuda_cpp(args, outdir, build):
                 with open(exe + ".log", "w") as f:
                     f.write(text)
                 build.update(status="built", exe=exe, cached=False, arch=arch, ptxas=parse_ptxas(text))
+                if "error_tail" in build:  # the -arch=native attempt's error, kept under another name
+                    build["native_error_tail"] = build.pop("error_tail")[-1500:]
                 break
             build.update(status=f"build failed (rc {c.returncode})", error_tail=text[-3000:])
         if outdir:
@@ -1121,7 +1123,7 @@ def run_cuda_cpp(args, outdir, build, budget, ops):
             res["status"] = "not run: the build did not finish within the budget"
             budget.skipped.append({"what": "cuda-cpp (build still running)"})
             return res
-    for k in ("status", "cmd", "nvcc", "arch", "cached", "seconds", "ptxas", "error_tail"):
+    for k in ("status", "cmd", "nvcc", "arch", "cached", "seconds", "ptxas", "error_tail", "native_error_tail"):
         if k in build:
             res["build_" + k if k != "ptxas" else "ptxas"] = build[k]
     if build.get("status") != "built":
