@@ -8,7 +8,10 @@
 #    its default features, once through a git dependency on this commit and
 #    once on the packaged crates: `cargo tree -e normal` lists none of the
 #    demonstration's dependencies, and the program runs a checked job.
-# 3. The Python package installed into fresh venvs by `pip install ./python`
+# 3. The README's own-kernels project (a kernel crate with a block reduction,
+#    an app launching it, built with kernel-builder), made from the README's
+#    blocks as written and run on the CPU emulation.
+# 4. The Python package installed into fresh venvs by `pip install ./python`
 #    and from the sdist `maturin sdist` makes, each importing and running a
 #    to_device/to_host round trip on the CPU emulation.
 set -euo pipefail
@@ -61,6 +64,30 @@ gpufeed = { path = \"$pkg/gpufeed-$v\" }
 gpufeed-kernels = { path = \"$pkg/gpufeed-kernels-$v\" }
 gpufeed-kernel-abi = { path = \"$pkg/gpufeed-kernel-abi-$v\" }
 gpufeed-kernel-builder = { path = \"$pkg/gpufeed-kernel-builder-$v\" }"
+
+# The README's own-kernels project, from its blocks in order: the workspace
+# manifest, my-kernels' manifest and source, my-app's manifest, build.rs and
+# main.rs.
+proj=$(dirname "$pkg")/my-project
+python3 - "$root/README.md" "$proj" "$root" <<'PY'
+import os, re, sys
+readme, proj, root = sys.argv[1:]
+text = open(readme).read()
+section = text[text.index("## Your own kernels"):]
+section = section[:section.index("\n## ", 3)]
+blocks = re.findall(r"```(toml|rust)\n(.*?)```", section, re.S)
+names = ["Cargo.toml", "my-kernels/Cargo.toml", "my-kernels/src/lib.rs",
+         "my-app/Cargo.toml", "my-app/build.rs", "my-app/src/main.rs"]
+if len(blocks) != len(names):
+    sys.exit(f"readme kernels: {len(blocks)} code blocks in 'Your own kernels', expected {len(names)}")
+for name, (_, body) in zip(names, blocks):
+    path = os.path.join(proj, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").write(body.replace("ROOT", root))
+PY
+cp rust-toolchain.toml "$proj/"
+echo "package: the README's own-kernels project (my-kernels, my-app), on the CPU emulation"
+(cd "$proj" && CARGO_TARGET_DIR=$work/target cargo run -q -p my-app)
 
 # Python: one command from the checkout, and the sdist.
 roundtrip='import numpy as np, gpufeed
