@@ -1,7 +1,7 @@
 //! `KERNEL_NAMES` joins every module's `kernels!` list: each entry point
 //! once, in module order, each named by its kernel type.
 
-use gpu_kernels::{histogram, reduce, scan, softmax};
+use gpu_kernels::{gemm, gemm_mma, histogram, reduce, scan, softmax};
 use kernel_abi::Kernel;
 
 #[test]
@@ -12,6 +12,7 @@ fn kernel_names_list_every_module_s_entry_points_once() {
         (scan::KERNEL_NAMES, scan::scan_f32::NAME),
         (softmax::KERNEL_NAMES, softmax::softmax_f32::NAME),
         (histogram::KERNEL_NAMES, histogram::histogram_u8::NAME),
+        (gemm::KERNEL_NAMES, gemm::sgemm::NAME),
     ] {
         assert!(part.contains(&want));
         assert!(part.iter().all(|n| names.contains(n)), "{part:?} missing");
@@ -21,5 +22,10 @@ fn kernel_names_list_every_module_s_entry_points_once() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), names.len(), "a name twice: {names:?}");
-    assert_eq!(names.len(), 7 + 6 + 3 + 1 + 1);
+    assert_eq!(names.len(), 7 + 6 + 3 + 1 + 1 + 1);
+    // The sm_80-only entries are apart, and not in the sm_70 list.
+    assert_eq!(gpu_kernels::SM80_KERNEL_NAMES, gemm_mma::KERNEL_NAMES);
+    assert!(gpu_kernels::SM80_KERNEL_NAMES
+        .iter()
+        .all(|n| !names.contains(n)));
 }
