@@ -716,6 +716,13 @@ impl RawStream for CpuStream {
         let task: Task = Box::new(move |shared, failed| {
             let _ = s.set(Instant::now());
             let result = match (failed.as_ref(), shared.broken.get()) {
+                // The first point after a fault the emulation detected in a
+                // kernel reports that fault (it names the kernel, block and
+                // thread); later ones, as every other stream's, the broken
+                // context.
+                (Some(Error::KernelFault { .. }), Some(broken)) => Err(failed
+                    .replace(broken.clone())
+                    .unwrap_or_else(|| broken.clone())),
                 (_, Some(e)) | (Some(e), None) => Err(e.clone()),
                 (None, None) => Ok(()),
             };
