@@ -1,7 +1,7 @@
 //! The GEMMs of the kernel set: SGEMM (`f32`) and the bf16 GEMM on the
 //! tensor cores (`mma.sync`, sm_80 and newer), as batch commands.
 
-use super::{dim32, KernelSet};
+use super::set::{bf16_gemm_supported, dim32, KernelSet};
 use crate::base::error::{Error, Result};
 use crate::runtime::memory::{check_len, DeviceSlice, DeviceSliceMut};
 use crate::runtime::stream::Commands;
@@ -86,22 +86,8 @@ impl Gemm {
     }
 }
 
-/// Whether a device of compute capability `cc` runs the bf16 GEMM: 8.0 or
-/// newer (`mma.sync` on bf16, `ldmatrix`, `cp.async`), or `None`, the CPU
-/// emulation, which runs every kernel.
-///
-/// ```
-/// use gpufeed::kernels::bf16_gemm_supported;
-/// assert!(bf16_gemm_supported(Some((9, 0)))); // H100
-/// assert!(!bf16_gemm_supported(Some((7, 5)))); // T4
-/// assert!(bf16_gemm_supported(gpufeed::Device::cpu().info().compute_capability));
-/// ```
-pub fn bf16_gemm_supported(cc: Option<(u32, u32)>) -> bool {
-    cc.is_none_or(|(major, _)| major >= 8)
-}
-
 impl<'a> Commands<'a> {
-    /// SGEMM: `C = alpha * A * B + beta * C` in `f32` ([`Gemm`]: shapes
+    /// SGEMM: `C = alpha * A * B + beta * C` in `f32` ([`Gemm`](crate::kernels::Gemm): shapes
     /// row-major and dense, any sizes, zeros included). `C` is disjoint
     /// from `A` and `B`.
     ///
@@ -134,7 +120,7 @@ impl<'a> Commands<'a> {
 
     /// The bf16 GEMM on the tensor cores: `C = alpha * A * B + beta * C`,
     /// `A` and `B` bf16 (their bits, as `u16`), `C` and the accumulation
-    /// `f32` ([`Gemm`]: row-major and dense, any sizes). 128 x 128 tiles,
+    /// `f32` ([`Gemm`](crate::kernels::Gemm): row-major and dense, any sizes). 128 x 128 tiles,
     /// `mma.sync.m16n8k16` with `ldmatrix` and a `cp.async` pipeline, 48 KiB
     /// of dynamic shared memory a block; sm_80 and newer.
     ///
@@ -148,7 +134,7 @@ impl<'a> Commands<'a> {
     ///
     /// # Errors
     /// `InvalidLaunch` on a GPU of compute capability below 8.0
-    /// ([`bf16_gemm_supported`]); otherwise as [`Commands::sgemm`].
+    /// ([`bf16_gemm_supported`](crate::kernels::bf16_gemm_supported)); otherwise as [`Commands::sgemm`].
     pub fn gemm_bf16(
         &mut self,
         g: Gemm,
