@@ -47,6 +47,7 @@ mod engines;
 pub mod guarantees;
 pub mod interop;
 mod io;
+pub mod kernels;
 pub mod ptx;
 mod runtime;
 #[cfg(feature = "hooks")]

@@ -645,6 +645,14 @@ impl RawStream for CpuStream {
         })
     }
 
+    unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        self.push(move |_| {
+            // SAFETY: the range is valid until completion (caller of memset_zero).
+            unsafe { std::ptr::write_bytes(dst as *mut u8, 0, bytes) };
+            Ok(())
+        })
+    }
+
     unsafe fn copy_peer(
         &self,
         dst: u64,

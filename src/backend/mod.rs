@@ -471,6 +471,12 @@ pub(crate) trait RawStream: Send + Sync {
     /// # Safety
     /// Both device ranges valid for `bytes` until completion.
     unsafe fn copy_d2d(&self, dst: u64, src: u64, bytes: usize) -> Result<()>;
+    /// Sets `bytes` bytes of device memory at `dst` to zero
+    /// (`cuMemsetD8Async`).
+    ///
+    /// # Safety
+    /// The device range valid for `bytes` until completion.
+    unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()>;
     /// A copy from device memory of `src_dev` to device memory of `dst_dev`
     /// (one of them this stream's device).
     ///

@@ -47,6 +47,9 @@ pub struct Device {
     /// kernel layer's `Builtins`, held without naming them (kernels are
     /// built on devices, above them).
     builtins: Arc<OnceLock<Box<dyn Any + Send + Sync>>>,
+    /// The kernel set of `crate::kernels` (reduce, scan, softmax, histogram,
+    /// GEMM), loaded at first use: held the same way, one floor up.
+    kernel_set: Arc<OnceLock<Box<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for Device {
@@ -107,6 +110,7 @@ impl Device {
             live_buffers: Arc::default(),
             streams: Arc::default(),
             builtins: Arc::default(),
+            kernel_set: Arc::default(),
         }
     }
 
@@ -224,12 +228,29 @@ impl Device {
         &self,
         load: impl FnOnce(&Device) -> Result<T>,
     ) -> Result<&T> {
-        let slot = match self.builtins.get() {
+        self.slot(&self.builtins, load)
+    }
+
+    /// The kernel set of `crate::kernels` on this device, loaded by `load`
+    /// the first time (`KernelSet::of`).
+    pub(crate) fn kernel_set<T: Any + Send + Sync>(
+        &self,
+        load: impl FnOnce(&Device) -> Result<T>,
+    ) -> Result<&T> {
+        self.slot(&self.kernel_set, load)
+    }
+
+    fn slot<'s, T: Any + Send + Sync>(
+        &'s self,
+        cell: &'s OnceLock<Box<dyn Any + Send + Sync>>,
+        load: impl FnOnce(&Device) -> Result<T>,
+    ) -> Result<&'s T> {
+        let slot = match cell.get() {
             Some(b) => b,
             None => {
                 let loaded = load(self)?;
                 // Another thread may have won the race; either copy is the same.
-                self.builtins.get_or_init(|| Box::new(loaded))
+                cell.get_or_init(|| Box::new(loaded))
             }
         };
         slot.downcast_ref()

@@ -149,6 +149,25 @@ impl LaunchConfig {
     }
 }
 
+/// A kernel's launch plan (what `gpu-kernels`' plan functions return:
+/// `sgemm_launch`, `scan_launch`, ...) as a configuration, unchanged.
+///
+/// ```
+/// use gpufeed::kernel_abi::thread::Launch;
+/// use gpufeed::LaunchConfig;
+/// let plan = Launch { dynamic_shared_bytes: 1024, ..Launch::linear(8, 128) };
+/// assert_eq!(LaunchConfig::from(plan), LaunchConfig::linear(8, 128).with_shared_bytes(1024));
+/// ```
+impl From<kernel_abi::thread::Launch> for LaunchConfig {
+    fn from(l: kernel_abi::thread::Launch) -> LaunchConfig {
+        LaunchConfig {
+            grid: l.grid,
+            block: l.block,
+            shared_bytes: l.dynamic_shared_bytes,
+        }
+    }
+}
+
 /// A loaded module of PTX: the kernels of one kernel crate.
 ///
 /// ```rust

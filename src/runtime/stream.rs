@@ -807,6 +807,42 @@ impl<'a> Commands<'a> {
         Ok(())
     }
 
+    /// Sets every byte of `dst` to zero, in stream order (`cuMemsetD8Async`;
+    /// on the CPU emulation, in the stream's worker). The kernels that
+    /// accumulate into their output (a histogram's bins, a scan's scratch)
+    /// take a zeroed range from it.
+    ///
+    /// ```rust
+    /// # fn main() -> gpufeed::Result<()> {
+    /// use gpufeed::{block_on, Device, DeviceBuffer, Stream};
+    /// let device = Device::cpu();
+    /// let mut x = DeviceBuffer::<u32>::new(&device, 4)?;
+    /// x.copy_from_host_sync(&[7; 4])?;
+    /// let (mut x, ()) = block_on(Stream::new(&device)?.run(x, |c, x| {
+    ///     c.memset_zero(x.view_mut().range(1..3)?)
+    /// }))?;
+    /// let mut out = [0u32; 4];
+    /// x.copy_to_host_sync(&mut out)?;
+    /// assert_eq!(out, [7, 0, 0, 7]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `InvalidArgument` for memory of another device; the driver's error.
+    pub fn memset_zero<T: Pod>(&mut self, dst: DeviceSliceMut<'a, T>) -> Result<()> {
+        self.same_device(dst.device_id)?;
+        if dst.len == 0 {
+            return Ok(());
+        }
+        let bytes = std::mem::size_of::<T>() * dst.len;
+        // SAFETY: device memory borrowed exclusively from the bundle for 'a,
+        // which the job owns until a point recorded after this command
+        // completes; stream order serialises it with the batch's other commands.
+        unsafe { self.raw.memset_zero(dst.addr, bytes)? };
+        self.enqueued += 1;
+        Ok(())
+    }
+
     /// Launches kernel `K` with `args`: a tuple matching the parameter list
     /// its declaration gives (`DeviceSlice` for `Slice<T>`, `DeviceSliceMut`
     /// for `SliceMut<T>`, scalars for scalars, [`crate::ByValue`] for a
@@ -903,6 +939,12 @@ impl<'a> Commands<'a> {
 
     /// The device of this batch's stream.
     pub fn device(&self) -> &Device {
+        self.device
+    }
+
+    /// The device of this batch's stream, for the batch's whole borrow (the
+    /// kernel set's functions are borrowed from it while `self` launches).
+    pub(crate) fn batch_device(&self) -> &'a Device {
         self.device
     }
 

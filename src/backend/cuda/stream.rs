@@ -136,6 +136,17 @@ impl RawStream for CudaStream {
         self.shared.check("cuMemcpyDtoDAsync", r)
     }
 
+    unsafe fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        self.shared.usable()?;
+        self.shared.bind()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the range is valid until completion (caller); the stream is ours.
+        let r = unsafe { sys::cuMemsetD8Async(dst, 0, bytes, self.stream.0) };
+        self.shared.check("cuMemsetD8Async", r)
+    }
+
     unsafe fn copy_peer(
         &self,
         dst: u64,
