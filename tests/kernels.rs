@@ -14,7 +14,17 @@
 use gpufeed::kernels::{self, bf16_gemm_supported, Gemm, ScanElement};
 use gpufeed::{block_on, BackendKind, Commands, Device, DeviceBuffer, Error, Stream};
 
-const SIZES: [usize; 6] = [0, 1, 31, 33, 1000, 1_000_007];
+const ALL_SIZES: [usize; 6] = [0, 1, 31, 33, 1000, 1_000_007];
+
+/// The sizes a test runs: all, or with `KERNEL_TESTS_SMALL=1` (the
+/// sanitizer runs, where every access is checked) all but the largest.
+fn sizes() -> Vec<usize> {
+    let small = std::env::var("KERNEL_TESTS_SMALL").is_ok_and(|v| v == "1");
+    ALL_SIZES
+        .into_iter()
+        .filter(|&n| !small || n < 100_000)
+        .collect()
+}
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// A fresh seed (printed), or `KERNELS_SEED`.
@@ -32,7 +42,8 @@ fn rng(test: &str) -> fastrand::Rng {
 /// on the CPU emulation in release builds (a debug build's emulation runs
 /// the largest size aligned only, to stay fast).
 fn full(device: &Device) -> bool {
-    device.kind() == BackendKind::Cuda || !cfg!(debug_assertions)
+    let small = std::env::var("KERNEL_TESTS_SMALL").is_ok_and(|v| v == "1");
+    !small && (device.kind() == BackendKind::Cuda || !cfg!(debug_assertions))
 }
 
 /// The offsets (in elements) at which an input of `n` elements is placed:
@@ -177,7 +188,7 @@ gpufeed::backend_tests!(sum_and_max_f32);
 fn sum_and_max_f32(device: Device) {
     let mut rng = rng("sum_and_max_f32");
     let twin = emulation_twin(&device);
-    for n in SIZES {
+    for n in sizes() {
         let mut x = wide(&mut rng, n);
         if n >= 33 {
             // A few NaNs and infinities' neighbours for max; sum gets finite values.
@@ -226,7 +237,7 @@ gpufeed::backend_tests!(sum_and_max_bf16);
 fn sum_and_max_bf16(device: Device) {
     let mut rng = rng("sum_and_max_bf16");
     let twin = emulation_twin(&device);
-    for n in SIZES {
+    for n in sizes() {
         let x: Vec<u16> = wide(&mut rng, n).into_iter().map(bf16_bits).collect();
         // Offsets of 0, 1 (misaligned: the element path) and 8 (aligned again).
         for offset in offsets(&device, n, &[1, 8]) {
@@ -271,7 +282,7 @@ gpufeed::backend_tests!(inclusive_scan_u32_i32_exact);
 fn inclusive_scan_u32_i32_exact(device: Device) {
     let mut rng = rng("inclusive_scan_u32_i32_exact");
     let twin = emulation_twin(&device);
-    for n in SIZES {
+    for n in sizes() {
         let xu: Vec<u32> = (0..n).map(|_| rng.u32(..)).collect();
         let xi: Vec<i32> = (0..n).map(|_| rng.i32(..)).collect();
         for offset in offsets(&device, n, &[1]) {
@@ -299,7 +310,7 @@ gpufeed::backend_tests!(inclusive_scan_f32_within_bound_and_deterministic);
 fn inclusive_scan_f32_within_bound_and_deterministic(device: Device) {
     let mut rng = rng("inclusive_scan_f32");
     let twin = emulation_twin(&device);
-    for n in SIZES {
+    for n in sizes() {
         let x = wide(&mut rng, n);
         for offset in offsets(&device, n, &[1]) {
             let y = scan_on(&device, &x, offset);
@@ -417,7 +428,7 @@ gpufeed::backend_tests!(histogram_u8_exact);
 fn histogram_u8_exact(device: Device) {
     let mut rng = rng("histogram_u8");
     let twin = emulation_twin(&device);
-    for n in SIZES {
+    for n in sizes() {
         // Uniform bytes, and a skewed input (most bytes one value: many
         // atomics on one shared bin).
         for skewed in [false, true] {
