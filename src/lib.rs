@@ -68,6 +68,7 @@ mod stream;
 #[doc(hidden)]
 pub mod testing;
 mod transfer;
+pub mod weights;
 mod workers;
 
 pub use backend::{BackendKind, DeviceInfo, HostFlags};
@@ -103,9 +104,10 @@ pub use pipeline::{
 };
 pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
 pub use staging::{
-    cached_share, FileIo, FilePiece, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS,
-    DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS,
-    DIRECT_IO_ALIGN, MAX_STAGING_THREADS, PROBE_SAMPLES,
+    cached_share, FileIo, FilePiece, FileRange, ReadTarget, Route, StagedCopy, Staging,
+    StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW,
+    DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN, MAX_STAGING_THREADS,
+    PROBE_SAMPLES,
 };
 pub use stream::{Commands, Event, Job, Mark, Stream};
 pub use transfer::Transfer;
