@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 const POISON: u8 = 0xA5;
 
+/// Tensors as (name, shape, bytes).
+type Tensors = Vec<(String, Vec<usize>, Vec<u8>)>;
+
 /// A directory of our own, removed on drop.
 struct Dir(PathBuf);
 
@@ -198,7 +201,7 @@ fn many_files_and_gathered_pieces_land_byte_for_byte(device: gpufeed::Device) {
 
 /// A Llama-like checkpoint of 3 shards plus an index; returns the tensors
 /// (name, shape, bytes) by shard.
-fn write_checkpoint(dir: &Path, rng: &mut fastrand::Rng) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+fn write_checkpoint(dir: &Path, rng: &mut fastrand::Rng) -> Tensors {
     let shapes: [(&str, Vec<usize>); 7] = [
         ("embed.weight", vec![64, 48]),
         ("layers.0.q.weight", vec![48, 48]),
@@ -208,7 +211,7 @@ fn write_checkpoint(dir: &Path, rng: &mut fastrand::Rng) -> Vec<(String, Vec<usi
         ("layers.1.down.weight", vec![48, 96]),
         ("lm_head.weight", vec![64, 48]),
     ];
-    let all: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+    let all: Tensors = shapes
         .iter()
         .map(|(n, s)| {
             (
@@ -264,7 +267,7 @@ fn load_all(
     rule: impl Fn(&str) -> Option<usize>,
     rank: usize,
     world: usize,
-) -> (Vec<(String, Vec<usize>, Vec<u8>)>, weights::LoadStats) {
+) -> (Tensors, weights::LoadStats) {
     let device = staging.device().clone();
     let plan = ck
         .plan(

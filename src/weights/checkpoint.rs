@@ -75,7 +75,7 @@ impl Checkpoint {
                         }
                     }
                     if shards.is_empty() {
-                        return Err(FileError::new(
+                        return Err(FileError::error(
                             p,
                             ErrorKind::NotFound,
                             format!("holds neither {INDEX_NAME} nor a *.safetensors file"),
@@ -111,7 +111,7 @@ impl Checkpoint {
     /// The tensors an index's `weight_map` names, from their shards.
     fn from_index(index: &Path) -> Result<Checkpoint> {
         let bad = |why: String| {
-            FileError::new(
+            FileError::error(
                 index,
                 ErrorKind::InvalidData,
                 format!("not a safetensors index: {why}"),
@@ -151,7 +151,7 @@ impl Checkpoint {
                 match header.tensors.iter().position(|t| t.name == *name) {
                     Some(e) => entries.push(e),
                     None => {
-                        return Err(FileError::new(
+                        return Err(FileError::error(
                             &path,
                             ErrorKind::InvalidData,
                             format!(
@@ -180,7 +180,7 @@ impl Checkpoint {
             let name = &shards[s].header.tensors[e].name;
             if let Some(j) = by_name.insert(name.clone(), i) {
                 let other = &shards[order[j].0].path;
-                return Err(FileError::new(
+                return Err(FileError::error(
                     &shards[s].path,
                     ErrorKind::InvalidData,
                     format!("tensor {name:?} is in {} too", other.display()),

@@ -119,7 +119,7 @@ fn name_short_file(checkpoint: &Checkpoint, plan: &LoadPlan, used: &[usize]) -> 
         let path = &checkpoint.shards[s].path;
         let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         if len < need {
-            return Some(FileError::new(
+            return Some(FileError::error(
                 path,
                 ErrorKind::UnexpectedEof,
                 format!(

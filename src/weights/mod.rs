@@ -65,7 +65,7 @@ impl std::error::Error for FileError {}
 
 impl FileError {
     /// An error of `kind` about `path`.
-    pub(crate) fn new(path: &Path, kind: std::io::ErrorKind, detail: String) -> crate::Error {
+    pub(crate) fn error(path: &Path, kind: std::io::ErrorKind, detail: String) -> crate::Error {
         std::io::Error::new(
             kind,
             FileError {

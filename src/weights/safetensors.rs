@@ -147,7 +147,7 @@ pub const MAX_HEADER_BYTES: u64 = 100 << 20;
 pub fn read_header(path: &Path) -> Result<Header> {
     use std::io::Read;
     let bad = |why: String| {
-        FileError::new(
+        FileError::error(
             path,
             ErrorKind::InvalidData,
             format!("not a safetensors file: {why}"),
@@ -244,7 +244,7 @@ pub fn read_header(path: &Path) -> Result<Header> {
             )));
         };
         if ends_at > size {
-            return Err(FileError::new(
+            return Err(FileError::error(
                 path,
                 ErrorKind::UnexpectedEof,
                 format!(
