@@ -296,7 +296,9 @@ impl Snapshot {
 /// Writes a [`ShardPlan`] into a directory, chunk by chunk as the
 /// snapshot's pieces come ([`CheckpointWriter::write`]), each shard
 /// committed as soon as its last byte is written, the index once every
-/// shard is ([`CheckpointWriter::finish`]).
+/// shard is ([`CheckpointWriter::finish`]). Dropped before its index is in
+/// place (an error, an abandoned save), it removes its temporary files and
+/// the shards it committed.
 pub struct CheckpointWriter {
     staging: Staging,
     dir: PathBuf,
@@ -307,6 +309,20 @@ pub struct CheckpointWriter {
     /// The shards of the checkpoint there before (removed after the new
     /// index is in place).
     previous: Vec<PathBuf>,
+    /// Shards of ours committed so far: removed if the writer is dropped
+    /// before its index is in place (the directory then holds what it held).
+    committed: Vec<PathBuf>,
+    finished: bool,
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            for p in &self.committed {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
 }
 
 impl CheckpointWriter {
@@ -357,6 +373,8 @@ impl CheckpointWriter {
             files,
             left,
             previous,
+            committed: Vec::new(),
+            finished: false,
         })
     }
 
@@ -379,6 +397,9 @@ impl CheckpointWriter {
             )));
         };
         let len = data.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
         if offset.checked_add(len).is_none_or(|end| end > place.nbytes) {
             return Err(Error::OutOfBounds {
                 start: offset as usize,
@@ -417,7 +438,9 @@ impl CheckpointWriter {
 
     fn commit(&mut self, shard: usize) -> Result<()> {
         if let Some(f) = self.files[shard].take() {
+            let path = f.path().to_path_buf();
             f.commit(self.plan.shards[shard].len)?;
+            self.committed.push(path);
         }
         Ok(())
     }
@@ -447,6 +470,7 @@ impl CheckpointWriter {
             .write_all_at(&text, 0)
             .map_err(|e| FileError::io(f.temp_path(), e))?;
         f.commit(text.len() as u64)?;
+        self.finished = true;
         for old in &self.previous {
             let kept = self
                 .plan
