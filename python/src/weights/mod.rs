@@ -41,15 +41,14 @@ pub(crate) fn weights_error(e: gpufeed::Error) -> PyErr {
     let path = f.path.as_os_str().to_os_string();
     match f.errno {
         Some(code) => PyOSError::new_err((code, f.detail.clone(), path)),
-        None => {
-            let err = PyOSError::new_err(f.to_string());
-            Python::attach(|py| {
-                // Best effort: the message names the file too.
-                let _ = err.value(py).setattr("filename", path);
-            });
-            err
-        }
+        // No errno (a file shorter than its header says): the text as
+        // `strerror`, the path as `filename`.
+        None => PyOSError::new_err((py_none(), f.detail.clone(), path)),
     }
+}
+
+fn py_none() -> Option<i32> {
+    None
 }
 
 /// The device dtype of a safetensors dtype (`None` for bool and 8-bit
