@@ -125,6 +125,36 @@ fn many_files_and_gathered_pieces_land_byte_for_byte(device: gpufeed::Device) {
                 let mut off = 0;
                 while off < target_len[t] {
                     let f = rng.usize(..3);
+                    if rng.usize(..5) == 0 {
+                        // A run of the file scattered on the device: pieces
+                        // that follow each other in the file, landing in a
+                        // shuffled order.
+                        let lens: Vec<usize> =
+                            (0..rng.usize(2..8)).map(|_| rng.usize(1..3000)).collect();
+                        let sum: usize = lens.iter().sum();
+                        let start = rng.usize(..sizes[f] / 2);
+                        if off + sum > target_len[t] || start + sum > sizes[f] {
+                            continue;
+                        }
+                        let mut order: Vec<usize> = (0..lens.len()).collect();
+                        rng.shuffle(&mut order);
+                        let mut slot = vec![0; lens.len()];
+                        let mut d = off;
+                        for &i in &order {
+                            slot[i] = d;
+                            d += lens[i];
+                        }
+                        let mut at = start;
+                        for (i, &len) in lens.iter().enumerate() {
+                            ranges.push((f, at as u64, t, slot[i], len));
+                            let o = if t == 1 { 32 } else { 0 };
+                            want[t][o + slot[i]..o + slot[i] + len]
+                                .copy_from_slice(&contents[f][at..at + len]);
+                            at += len;
+                        }
+                        off += sum;
+                        continue;
+                    }
                     let (len, stride) = match rng.usize(..4) {
                         0 => (0, 0),
                         1 => (rng.usize(1..64), rng.usize(64..512)),
