@@ -13,9 +13,30 @@ fn main() {
         builder = builder.patch("gpufeed-kernel-abi", abi);
     }
     let built = builder
+        .clone()
         .arch("sm_70")
         .export_arch("KERNEL_ARCH")
         .build_or_exit();
+    // The same crate for sm_80 and newer (`gpu_kernels_sm80.ptx`): what
+    // needs Ampere's instructions (the tensor-core GEMM: mma.sync,
+    // ldmatrix, cp.async) is only in it. `KERNEL_ARCH` at sm_80 or above
+    // sets its target too; below, it stays sm_80. In stub mode it is a stub.
+    let sm80 = "gpu_kernels_sm80.ptx";
+    if built.stub {
+        let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+        std::fs::write(out.join(sm80), "// HOST_PTX_STUB=1: kernels not built\n")
+            .expect("writing the stub PTX");
+    } else {
+        let arch = std::env::var("KERNEL_ARCH")
+            .ok()
+            .filter(|a| a.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()) >= Some(80))
+            .unwrap_or_else(|| "sm_80".into());
+        builder
+            .arch(arch)
+            .env_knobs(false)
+            .file_name(sm80)
+            .build_or_exit();
+    }
     // The commit of the sources this build read, for results files.
     println!("cargo:rustc-env=HOST_GIT_COMMIT={}", built.git_commit());
     // Tests that parse the embedded PTX are ignored, not passed, when it is

@@ -9,8 +9,11 @@ builds the graph of files. A name reached through a re-export resolves to the
 file that defines it; the crate root (lib.rs, main.rs) is the one file whose
 `mod` declarations and re-exports are not edges.
 
-It fails (exit 1) on a circle, naming the files in it, and when the backend
-interface (src/backend.rs) refers to a module of the safe layer above it.
+It fails (exit 1) on a circle, naming the files in it; on an upward import:
+a path through the crate root (`crate::Name`, where `Name` is not a module),
+which is never followed through its re-export; and, where a crate lists its
+floors (FLOORS: its top-level modules, lowest first), a file's reference to
+a module of a higher floor than its own.
 
     python3 .ci/imports.py        # one line a file: its level and what it imports
     python3 .ci/imports.py -q     # only the verdict
@@ -28,6 +31,13 @@ CRATES = [
     ("python module", "python/src/lib.rs"),
     ("kernel-builder", "kernel-builder/src/lib.rs"),
 ]
+
+# The floors of a crate: its top-level modules, lowest first. A file may
+# refer to its own floor and those below, never above; the crate root is
+# above them all.
+FLOORS = {
+    "src/lib.rs": ["ptx", "base", "backend", "runtime", "io", "interop", "engines", "guarantees", "testing"],
+}
 
 # The backend interface and the safe API built on it: backend.rs may refer to
 # none of these (they all hold backends, so a reference would close a circle
@@ -169,7 +179,8 @@ def scan_file(file, path, modules, pending):
                     cur.imports[name] = raw
                 cur.refs.append(raw)
             continue
-        elif (t in ("crate", "super") or t in cur.children) and (i == 0 or toks[i - 1] != "::"):
+        elif (t in ("crate", "super") or t in cur.children) and (i == 0 or toks[i - 1] not in ("::", "$")):
+            # (`$crate::` in a macro is the public path a macro must use.)
             if i + 1 < len(toks) and toks[i + 1] == "::":
                 raw, j = [t], i + 1
                 while j + 1 < len(toks) and toks[j] == "::" and is_ident(toks[j + 1]):
@@ -238,6 +249,27 @@ def resolve(path, modules, seen=()):
         if target is not None:
             return resolve(target + path[k + 1:], modules, seen + (path[:k + 1],))
     return mod.file
+
+
+def upward(root_file, modules):
+    """Each reference that goes up: through the crate root (a path whose
+    first name is not a module of the crate), or to a higher floor."""
+    floors = FLOORS.get(root_file)
+    rank = {n: i for i, n in enumerate(floors)} if floors else {}
+    out = []
+    for m in modules.values():
+        if m.file == root_file or not m.path:
+            continue
+        for raw in m.refs:
+            target = absolute(m, raw, modules)
+            if not target:
+                continue
+            if (target[0],) not in modules:
+                out.append((m.file, "crate::" + "::".join(target), "through the crate root"))
+            elif floors and m.path[0] in rank and target[0] in rank and rank[target[0]] > rank[m.path[0]]:
+                out.append((m.file, "crate::" + "::".join(target),
+                            f"floor {target[0]} above {m.path[0]}"))
+    return sorted(set(out))
 
 
 def graph(root_file):
@@ -354,6 +386,14 @@ def main():
                     deps = ", ".join(short(d, root_file) for d in sorted(edges[f]))
                     print(f"   {level[f]:2} {short(f, root_file):24} {deps}")
             print(f"imports: {name}: no circles")
+        ups = upward(root_file, modules)
+        if ups:
+            failed = True
+            for f, path, why in ups:
+                print(f"imports: {name}: upward: {short(f, root_file)} uses {path} ({why})")
+        else:
+            print(f"imports: {name}: no upward imports"
+                  + (f" (floors, lowest first: {', '.join(FLOORS[root_file])})" if root_file in FLOORS else ""))
         if root_items:
             # Not a failure: the root's own helpers, used by the modules it declares.
             print(f"imports: {name}: note: items defined in {short(root_file, root_file)} itself "

@@ -7,6 +7,12 @@
 # demonstration's binary), and the patch is reverted, also on failure or
 # interruption.
 #
+# Python checks (`$pytest ...`) run the Python package's tests in
+# python/.venv (made by python/run-tests.sh: run it once first) against the
+# extension built with the fault planted: a debug wheel unpacked into
+# target/ci-mutants/python, put first on PYTHONPATH (the venv's own install
+# is left alone).
+#
 # Usage: .ci/mutants.sh [NAME...]   (default: every patch in .ci/mutations)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +22,8 @@ mkdir -p "$out"
 
 # The checks each fault must fail, one command a line.
 demo="cargo run -q -p host -- --backend cpu --out-dir $out"
+venv=python/.venv
+pytest="env PYTHONPATH=$out/python $venv/bin/python -m pytest -q -p no:cacheprovider python/tests"
 checks() {
   case $1 in
   skip-one-d2h)
@@ -53,6 +61,27 @@ checks() {
     echo "cargo test -q -p gpufeed --test loader -- --exact a_loader_gathers_on_the_device_only_when_every_field_is_pinned_in_place::cpu"
     echo "$demo loader --small"
     ;;
+  staging-direct-blocking-no-length-check)
+    echo "cargo test -q -p gpufeed --test staging -- --exact the_blocking_forms_refuse_mismatched_lengths_on_every_route::cpu"
+    ;;
+  loader-shard-batches-rounded-down)
+    echo "cargo test -q -p gpufeed --test loader -- --exact each_rank_yields_as_many_batches_and_rows_as_its_shard_holds::cpu"
+    ;;
+  loader-segment-boundary-off-by-one)
+    echo "cargo test -q -p gpufeed --test loader -- --exact a_source_of_separate_allocations_yields_the_first_row_of_each_segment::cpu"
+    ;;
+  loader-resumed-state-forgets-skipped)
+    echo "$pytest/test_loader.py -k test_a_state_taken_after_resuming_and_at_an_epochs_end_counts_every_batch_and_reloads"
+    ;;
+  loader-end-of-epoch-state-refused)
+    echo "$pytest/test_loader.py -k test_a_state_taken_after_resuming_and_at_an_epochs_end_counts_every_batch_and_reloads"
+    ;;
+  save-safetensors-metadata-keys-unchecked)
+    echo "$pytest/test_files.py -k test_metadata_keys_that_are_not_strings_are_a_type_error_and_leave_no_file"
+    ;;
+  safetensors-cut-short-checks-the-length)
+    echo "$pytest/test_files.py -k test_a_tensor_cut_short_at_a_nonzero_offset_is_an_os_error_for_load_and_loader"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p gpufeed --doc guarantees"
@@ -72,6 +101,19 @@ else
   done
 fi
 [ "${#names[@]}" -gt 0 ] || { echo "mutants: no patches in .ci/mutations"; exit 1; }
+
+# The extension, built from the tree as it is now into $out/python.
+build_python() {
+  [ -x "$venv/bin/python" ] || {
+    echo "mutants: $venv is missing: run python/run-tests.sh once to make it"
+    exit 1
+  }
+  rm -rf "$out/wheel" "$out/python"
+  "$venv/bin/maturin" build --quiet --profile dev --auditwheel skip \
+    --interpreter "$venv/bin/python" -m python/Cargo.toml --out "$out/wheel"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$out/python" "$out/wheel"/gpufeed-*.whl
+}
 
 applied=""
 revert() {
@@ -94,6 +136,9 @@ for name in "${names[@]}"; do
   # Build first, so that a fault that breaks the build is not taken for a
   # caught one.
   cargo build -q -p host --bin host
+  if grep -qF "$pytest" <<< "$list"; then
+    build_python
+  fi
   while IFS= read -r check; do
     log="$out/$name.$(printf '%s' "$check" | tr -c 'A-Za-z0-9_-' '_' | cut -c1-80).log"
     rc=0
@@ -109,6 +154,13 @@ for name in "${names[@]}"; do
       failed=1
     elif grep -q "^running 0 tests" "$log" && ! grep -qE "^running [1-9]" "$log"; then
       echo "   RAN NO TEST: $check (log $log)"
+      failed=1
+    elif [ "$rc" = 5 ] && grep -qE "no tests ran|deselected" "$log"; then
+      # pytest's exit status when -k selected nothing.
+      echo "   RAN NO TEST: $check (log $log)"
+      failed=1
+    elif grep -qE "^(ImportError|ModuleNotFoundError|E +(ImportError|ModuleNotFoundError))" "$log"; then
+      echo "   DID NOT IMPORT: $check (log $log)"
       failed=1
     else
       echo "   caught: $check (exit $rc)"

@@ -9,13 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ../shared/tools/gpu-bundle "$@"
 # No GPU half: the build helper, the kernel ABI, the kernel bodies on the host,
-# the host-side bf16 conversion, the Python crate's unit tests, the binary's tests,
-# and the CPU emulation's lock limit.
-for t in kernel_builder kernel_abi gpu_kernels bf16_kernels bodies conversion gpufeed lock_limit; do
+# the host-side bf16 conversion, the Python crate's unit tests, the demonstration's
+# unit tests, the CPU emulation's lock limit, and the README check (it reads the
+# tree's files by the path they had at build time).
+for t in kernel_builder kernel_abi gpu_kernels bf16_kernels bodies conversion gpufeed_python host lock_limit readme emulation tensor block_demo; do
   rm -f .gpu/tests/"$t"-*
-done
-for f in .gpu/tests/host-*; do  # the binary's unit tests (demo::), not the library's
-  if "$f" --list 2>/dev/null | grep -q '^demo::'; then rm -f "$f"; fi
 done
 bash python/build-wheel.sh "$PWD/.gpu/wheels" > /dev/null
 # PACK=1: the test executables travel as one xz archive (17 MiB in all instead of 56; the final

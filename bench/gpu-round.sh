@@ -39,6 +39,12 @@
 #   bash bench/gpu-round.sh measure the staging round's measurements alone (no tests, no sanitizer):
 #                                   `host staging` and the Python peer (`host files` and the files
 #                                   peer with FILES=1; the zero-copy gather probe with ZERO_COPY=1)
+#   bash bench/gpu-round.sh kernels the block-level kernels: their tests (REQUIRE_GPU=1; the CUDA
+#                                   halves compare with the CPU emulation bit for bit), memcheck,
+#                                   racecheck and synccheck on them, `host ptx` inspected with the
+#                                   machine's ptxas (sm_70 and sm_80 builds), the wheel's kernel
+#                                   tests, and bench/kernels.py (gpufeed against CUDA C++ of the
+#                                   same algorithms, PyTorch/cuBLAS and the device copy)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -86,6 +92,36 @@ if [ "$mode" = multi ]; then
   grep -vE "^wrote" "$M/multi.log" | tee -a "$R/logs/summary.log"
   timeout 200 python3 bench/peers/torch_multi.py --out "$M/pytorch-multi.json" > "$M/torch-multi.log" 2>&1 || { fail=1; note "TORCH MULTI FAILED"; }
   cat "$M/torch-multi.log" | tee -a "$R/logs/summary.log"
+fi
+
+if [ "$mode" = kernels ]; then
+  K="$R/kernels"; mkdir -p "$K"
+  [ -f .gpu/tests.tar.xz ] && tar -C .gpu -xJf .gpu/tests.tar.xz
+  note "kernels: tests (REQUIRE_GPU=1), sanitizers, ptx inspection, the wheel's kernel tests, bench/kernels.py"
+  exe=$(ls .gpu/tests/kernels-* 2>/dev/null | head -1)
+  if [ -n "$exe" ]; then
+    REQUIRE_GPU=1 timeout 300 "$exe" --include-ignored > "$K/kernel_tests.log" 2>&1 || { fail=1; note "KERNEL TESTS FAILED"; }
+    grep -E "^test result|FAILED|panicked" "$K/kernel_tests.log" | head -20 | tee -a "$R/logs/summary.log"
+    KERNEL_TESTS_SMALL=1 san memcheck kernels
+    KERNEL_TESTS_SMALL=1 san racecheck kernels
+    KERNEL_TESTS_SMALL=1 san synccheck kernels
+  else
+    fail=1; note "no kernels test executable"
+  fi
+  for arch in "" --sm80; do
+    PTXAS=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas) timeout 120 .gpu/bin/host ptx --out /dev/null $arch \
+      --json "$K/ptx${arch:+-sm80}.json" > /dev/null 2> "$K/ptx${arch:+-sm80}.log" || { fail=1; note "PTX INSPECTION FAILED"; }
+    tee -a "$R/logs/summary.log" < "$K/ptx${arch:+-sm80}.log"
+  done
+  save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run-$mode.tgz" run; }
+  save
+  if [ -f python/tests/test_kernels.py ]; then
+    PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_kernels.py > "$K/python-kernel-tests.log" 2>&1 || { fail=1; note "PYTHON KERNEL TESTS FAILED"; }
+    tail -3 "$K/python-kernel-tests.log" | tee -a "$R/logs/summary.log"
+  fi
+  PYTHONPATH="$site" timeout 420 python3 bench/kernels.py --out "$K/bench" ${KERNELS_ARGS:-} > "$K/bench.log" 2>&1 || { fail=1; note "KERNELS BENCHMARK FAILED"; }
+  tail -40 "$K/bench.log" | tee -a "$R/logs/summary.log"
+  save
 fi
 
 if [ "$mode" = final ]; then
@@ -199,7 +235,7 @@ if [ "$mode" = loader ]; then
   tail -1 "$L/train.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != loader ] && [ "$mode" != measure ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != loader ] && [ "$mode" != measure ] && [ "$mode" != kernels ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"

@@ -6,7 +6,10 @@
 
 fn main() {
     if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
-        println!("cargo:manifest_dir={}", std::path::Path::new(&dir).display());
+        println!(
+            "cargo:manifest_dir={}",
+            std::path::Path::new(&dir).display()
+        );
     }
     println!("cargo:rerun-if-changed=build.rs");
 }

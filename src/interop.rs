@@ -24,14 +24,14 @@
 //! return [`Error::BackendUnavailable`].
 
 use crate::backend::BackendKind;
-use crate::completion::Completion;
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::memory::{
+use crate::base::completion::Completion;
+use crate::base::error::{Error, Result};
+use crate::runtime::device::Device;
+use crate::runtime::memory::{
     device_slice_mut as raw_device_slice_mut, host_slice, host_slice_mut, DeviceBuffer,
     DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedHost,
 };
-use crate::stream::{Event, Stream};
+use crate::runtime::stream::{Event, Stream};
 use bytemuck::Pod;
 
 /// The device address of `buffer` (a host address on the CPU emulation).
@@ -144,6 +144,26 @@ enum Access {
 /// NumPy array's memory from being freed or resized) is dropped only after
 /// the range has been unregistered, so a job that holds the guard keeps the
 /// memory alive and registered until the GPU is done with it.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::interop::RegisteredRaw;
+/// use gpufeed::{block_on, Device, DeviceBuffer, Stream};
+/// let device = Device::cpu();
+/// let mut bytes = vec![9u8; 4096]; // memory of someone else's (a NumPy array's, say)
+/// let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+/// // SAFETY: the `Vec` moves into the owner, its heap buffer stays put, and nothing
+/// // else touches it while the guard lives.
+/// let guard = unsafe { RegisteredRaw::new(&device, ptr, len, Box::new(bytes))? };
+/// assert_eq!(guard.byte_len(), 4096);
+/// let dev = DeviceBuffer::<u8>::new(&device, 4096)?;
+/// let ((guard, mut dev), ()) = block_on(Stream::new(&device)?.copy_h2d(guard, dev))?;
+/// drop(guard.into_owner()); // unregistered, then the owner handed back
+/// let mut out = vec![0u8; 4096];
+/// dev.copy_to_host_sync(&mut out)?;
+/// assert!(out.iter().all(|&b| b == 9));
+/// # Ok(()) }
+/// ```
 ///
 /// A failed unregistration on drop (or in [`RegisteredRaw::into_owner`]) is
 /// counted in [`Device::release_failures`] and logged;
@@ -479,6 +499,22 @@ fn drv(e: cudarc::driver::DriverError) -> Error {
 /// producer's `__dlpack__` (the producer makes it wait for its pending
 /// writes), then [`HandshakeStream::synchronize`] before enqueueing work on
 /// the producer's memory.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::interop::HandshakeStream;
+/// use gpufeed::{Device, Error};
+/// let device = Device::from_env()?; // CUDA when present, else the CPU emulation
+/// match HandshakeStream::new(&device) {
+///     Ok(stream) => {
+///         // Pass `stream.handle()` as `__dlpack__(stream=...)`, then wait for it.
+///         assert_ne!(stream.handle(), 0);
+///         stream.synchronize()?;
+///     }
+///     Err(e) => assert!(matches!(e, Error::BackendUnavailable(_))), // the emulation
+/// }
+/// # Ok(()) }
+/// ```
 pub struct HandshakeStream {
     stream: std::sync::Arc<cudarc::driver::CudaStream>,
 }
@@ -544,6 +580,21 @@ pub unsafe fn synchronize_foreign_stream(device: &Device, foreign: u64) -> Resul
 /// [`release_after_foreign_stream`] or [`release_after_device_idle`];
 /// completed by a thread of the crate's own (never the caller's), which
 /// then runs the actions given to [`ReleasePoint::defer`] there.
+///
+/// ```rust
+/// # fn main() -> gpufeed::Result<()> {
+/// use gpufeed::interop::release_after_device_idle;
+/// use gpufeed::Device;
+/// use std::sync::{atomic::{AtomicBool, Ordering}, Arc};
+/// let device = Device::cpu();
+/// let point = release_after_device_idle(&device); // passed at once on the emulation
+/// let freed = Arc::new(AtomicBool::new(false));
+/// let flag = freed.clone();
+/// point.defer(move || flag.store(true, Ordering::SeqCst)); // e.g. drop an exported buffer
+/// point.block()?; // or poll `point.is_done()`
+/// assert!(point.is_done() && freed.load(Ordering::SeqCst)); // it had passed: ran at once
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct ReleasePoint {
     done: Completion,
@@ -620,7 +671,7 @@ fn release_wait(device: &Device, wait: &ReleaseWait) -> Result<()> {
 fn queue_release(job: ReleaseJob) {
     let pid = std::process::id();
     let job = {
-        let mut q = crate::completion::lock(&RELEASER);
+        let mut q = crate::base::completion::lock(&RELEASER);
         if q.as_ref().is_none_or(|(p, _)| *p != pid) {
             let (tx, rx) = std::sync::mpsc::channel::<ReleaseJob>();
             let spawned = std::thread::Builder::new()

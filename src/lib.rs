@@ -14,8 +14,8 @@
 //!
 //! The kernels are Rust (`gpu-kernels`), compiled to PTX by `build.rs`; see [`ptx`].
 //!
-//! ```no_run
-//! # async fn demo() -> gpufeed::Result<()> {
+//! ```rust
+//! # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
 //! use gpufeed::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Stream};
 //! let device = Device::from_env()?;
 //! let pool = PinnedPool::new(&device);
@@ -35,79 +35,63 @@
 //!     })
 //!     .await?;
 //! assert_eq!(output.as_slice()[0], 6.0);
-//! # drop((input, dev)); Ok(()) }
+//! # drop((input, dev)); Ok(()) }) }
 //! ```
 
+#![deny(missing_docs)]
+// The floors, lowest first: each uses only its own and those below it
+// (`.ci/imports.py` checks it, with no import through this root).
 mod backend;
-mod block;
-mod claim;
-mod completion;
-mod cpu;
-mod cuda;
-mod device;
-mod direct_io;
-mod error;
-mod fork;
-mod gds;
+mod base;
+mod engines;
 pub mod guarantees;
 pub mod interop;
-mod kernel;
-mod loader;
-mod memory;
-mod multi;
-mod numa;
-mod open;
-mod pipeline;
-mod pool;
+mod io;
 pub mod ptx;
-mod ptx_entries;
-mod sliced;
-mod staging;
-mod stream;
+mod runtime;
 #[cfg(feature = "hooks")]
 #[doc(hidden)]
 pub mod testing;
-mod transfer;
-pub mod weights;
-mod workers;
 
-pub use backend::{BackendKind, DeviceInfo, HostFlags};
+pub use backend::cpu::{memlock_limit, LockPolicy, MemlockLimit};
+pub use backend::cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
+pub use backend::{BackendKind, DeviceInfo, HostFlags, LaunchLimits};
 #[cfg(not(loom))]
-pub use block::block_on_for;
-pub use block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
-pub use completion::Wait;
-pub use cpu::{memlock_limit, LockPolicy, MemlockLimit};
-pub use cuda::{driver_present, DeviceMemory, WaitMode, POLL_INTERVAL};
-pub use device::Device;
-pub use error::{Error, JobError, Result};
-pub use gds::{gds_status, GdsStatus};
-pub use kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
-/// Kernel declarations: the macro, the parameter types, the thread indices.
-pub use kernel_abi;
-pub use loader::{
+pub use base::block::block_on_for;
+pub use base::block::{block_on, block_on_spinning, spin_here, SPIN, SPIN_MIN_CORES};
+pub use base::completion::Wait;
+pub use base::error::{Error, JobError, Result};
+pub use base::numa::online_nodes;
+pub use engines::loader::{
     batches_per_epoch, epoch_indices, permutation, Batch, Gather, Loader, LoaderConfig,
     LoaderStats, RowSource, MAX_WORLD_SIZE,
 };
-#[cfg(feature = "hooks")]
-#[doc(hidden)]
-pub use memory::MappedFlag;
-pub use memory::{
-    DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
-    Registered, MAX_HOST_ALIGN,
-};
-pub use multi::{MultiJob, MultiPipeline};
-pub use numa::online_nodes;
-pub use open::{BackendChoice, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
-pub use pipeline::{
+pub use engines::multi::{MultiJob, MultiPipeline};
+pub use engines::pipeline::{
     Arrays, Chunk, ChunkEvents, KeepAlive, Layout, PinnedArray, Pipeline, Plan, RunInfo, Timeline,
     AUTO_CHUNK_COST_BYTES, MAX_STREAMS,
 };
-pub use pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
-pub use staging::{
+pub use engines::staging::{
     cached_share, FileIo, FilePiece, FileRange, ReadTarget, Route, StagedCopy, Staging,
     StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW,
     DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN, MAX_STAGING_THREADS,
     PROBE_SAMPLES,
 };
-pub use stream::{Commands, Event, Job, Mark, Stream};
-pub use transfer::Transfer;
+/// Model weights: checkpoints of safetensors shards in and out (see the module).
+pub use engines::weights;
+pub use io::gds::{gds_status, GdsStatus};
+/// Kernel declarations: the macro, the parameter types, the thread indices.
+pub use kernel_abi;
+pub use runtime::device::Device;
+pub use runtime::kernel::{Arg, Args, ByValue, Function, Kernel, LaunchConfig, Module};
+#[cfg(feature = "hooks")]
+#[doc(hidden)]
+pub use runtime::memory::MappedFlag;
+pub use runtime::memory::{
+    DeviceBuffer, DeviceSlice, DeviceSliceMut, HostSlice, HostSliceMut, PinnedBuffer, PinnedHost,
+    Registered, MAX_HOST_ALIGN,
+};
+pub use runtime::open::{BackendChoice, DeviceOptions, BACKEND_ENV, CPU_DEVICES_ENV};
+pub use runtime::pool::{PinnedPool, PoolStats, PooledBuffer, DEFAULT_CACHE_FLOOR, MIN_BLOCK};
+pub use runtime::stream::{Commands, Event, Job, Mark, Stream};
+pub use runtime::transfer::Transfer;

@@ -3,6 +3,11 @@
 /// The kernels' PTX text, as the nested nvptx64 build produced it.
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels.ptx"));
 
+/// The same kernels built for sm_80 and newer, with those that need
+/// Ampere's instructions (the tensor-core GEMM); loaded instead of [`PTX`]
+/// on a device of compute capability 8.0 or more.
+pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/gpu_kernels_sm80.ptx"));
+
 /// The GPU architecture the PTX targets (`KERNEL_ARCH` at build time).
 pub const ARCH: &str = env!("KERNEL_ARCH");
 
@@ -42,6 +47,22 @@ mod tests {
             );
         }
         assert_eq!(entries.len(), gpu_kernels::KERNEL_NAMES.len());
+        // The sm_80 build: the same, and the kernels only it has.
+        let sm80 = entry_points(PTX_SM80);
+        for name in gpu_kernels::KERNEL_NAMES
+            .iter()
+            .chain(gpu_kernels::SM80_KERNEL_NAMES)
+        {
+            assert!(
+                sm80.contains(name),
+                "missing .entry {name} in the sm_80 PTX"
+            );
+        }
+        assert_eq!(
+            sm80.len(),
+            gpu_kernels::KERNEL_NAMES.len() + gpu_kernels::SM80_KERNEL_NAMES.len()
+        );
+        assert!(unresolved_externs(PTX_SM80).is_empty());
         assert!(
             unresolved_externs(PTX).is_empty(),
             "{:?}",

@@ -2,9 +2,9 @@
 //! bit-exact verification. Not part of the API (behind the `hooks` feature,
 //! hidden from the docs): the crate's own tests and demonstration use it.
 
-use crate::cuda::{CudaBackend, DeviceMemory, WaitMode};
-use crate::device::Device;
-use crate::kernel::Kernel;
+use crate::backend::cuda::{CudaBackend, DeviceMemory, WaitMode};
+use crate::runtime::device::Device;
+use crate::runtime::kernel::Kernel;
 use std::sync::Arc;
 
 /// Device frees deferred to another thread and not yet done.
@@ -36,7 +36,7 @@ pub fn cuda(test: &str) -> Option<Device> {
 /// reported as ignored, never as passed; a GPU test that runs anyway
 /// (`--include-ignored`, or a GPU gone since the build) fails without one
 /// instead of passing unchecked. Always `Some` when it returns.
-pub fn or_skip<T>(test: &str, opened: crate::Result<T>) -> Option<T> {
+pub fn or_skip<T>(test: &str, opened: crate::base::error::Result<T>) -> Option<T> {
     match opened {
         Ok(v) => Some(v),
         Err(e) => panic!(
@@ -67,7 +67,7 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// make this thread the device's last owner once the test ends, tearing
 /// the CUDA context down on its own schedule, even while the process
 /// exits (heap corruption at exit under compute-sanitizer).
-pub fn watchdog(gate: &Arc<crate::MappedFlag>) -> Watchdog {
+pub fn watchdog(gate: &Arc<crate::runtime::memory::MappedFlag>) -> Watchdog {
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let (a, g) = (armed.clone(), Arc::downgrade(gate));
     std::thread::spawn(move || {

@@ -224,6 +224,101 @@ fn shards_are_disjoint_complete_and_padded_like_distributed_sampler() {
     }
 }
 
+gpufeed::backend_tests!(each_rank_yields_as_many_batches_and_rows_as_its_shard_holds);
+fn each_rank_yields_as_many_batches_and_rows_as_its_shard_holds(device: gpufeed::Device) {
+    // Row i holds i: the rows yielded are the indices gathered. Row counts
+    // that no world size here divides: a shard is padded up (or cut, with
+    // drop_last), never rounded down.
+    for n in [61usize, 1001] {
+        let a: Vec<u32> = (0..n as u32).collect();
+        for world in 2usize..=5 {
+            assert!(!n.is_multiple_of(world));
+            for drop_last in [false, true] {
+                for rank in 0..world {
+                    let mut config = LoaderConfig::new(4);
+                    config.shuffle = true;
+                    config.seed = 5;
+                    config.drop_last = drop_last;
+                    config.world_size = world;
+                    config.rank = rank;
+                    // DistributedSampler's shard length, written out.
+                    let per = if drop_last {
+                        (n - world) / world + 1
+                    } else {
+                        n / world + 1
+                    };
+                    let batches = if drop_last { per / 4 } else { per.div_ceil(4) };
+                    let what = format!("{n} rows, rank {rank}/{world}, drop_last {drop_last}");
+                    let indices = epoch_indices(n, &config, 1);
+                    assert_eq!(indices.len(), per, "{what}");
+                    let mut loader =
+                        Loader::<u32>::new(&device, vec![RowSource::new(&a, 1).unwrap()], config)
+                            .unwrap();
+                    assert_eq!(loader.len(), batches, "{what}");
+                    assert_eq!(batches_per_epoch(n, &config), batches, "{what}");
+                    loader.start_epoch(1, 0);
+                    let mut got = Vec::new();
+                    let mut count = 0;
+                    while let Some(b) = block_on(loader.next()) {
+                        got.extend(read(&mut b.unwrap().fields[0]).iter().map(|&v| v as usize));
+                        count += 1;
+                    }
+                    assert_eq!(count, batches, "{what}");
+                    let rows = if drop_last { batches * 4 } else { per };
+                    assert_eq!(got, indices[..rows], "{what}");
+                }
+            }
+        }
+    }
+}
+
+gpufeed::backend_tests!(a_source_of_separate_allocations_yields_the_first_row_of_each_segment);
+fn a_source_of_separate_allocations_yields_the_first_row_of_each_segment(device: gpufeed::Device) {
+    // Segments of 5, 1, 7 and 2 rows of 3 words, each its own allocation
+    // followed by a poison row: a row read from the wrong segment's
+    // address reads the poison, or another segment's rows.
+    let row_len = 3;
+    let sizes = [5usize, 1, 7, 2];
+    let parts: Vec<Vec<u32>> = sizes
+        .iter()
+        .zip(31u64..)
+        .map(|(&rows, seed)| {
+            let mut v = data(rows, row_len, seed);
+            v.extend([POISON; 3]);
+            v
+        })
+        .collect();
+    let segments: Vec<&[u32]> = parts
+        .iter()
+        .zip(sizes)
+        .map(|(v, rows)| &v[..rows * row_len])
+        .collect();
+    let all: Vec<u32> = segments.concat();
+    let rows = all.len() / row_len;
+    for (shuffle, batch) in [(false, 1), (false, 4), (true, 3)] {
+        let mut config = LoaderConfig::new(batch);
+        config.shuffle = shuffle;
+        config.seed = 3;
+        let source = RowSource::concat(&segments, row_len).unwrap();
+        assert_eq!(source.rows(), rows);
+        let mut loader = Loader::<u32>::new(&device, vec![source], config).unwrap();
+        loader.start_epoch(0, 0);
+        let order = epoch_indices(rows, &config, 0);
+        let mut seen = 0;
+        while let Some(b) = block_on(loader.next()) {
+            let mut b = b.unwrap();
+            let want = &order[seen..seen + b.rows];
+            assert_eq!(
+                read(&mut b.fields[0]),
+                gather(&all, row_len, want),
+                "rows {want:?}, shuffle {shuffle}"
+            );
+            seen += b.rows;
+        }
+        assert_eq!(seen, rows);
+    }
+}
+
 gpufeed::backend_tests!(bad_arguments_are_typed_errors);
 fn rows(v: &[u32]) -> RowSource<'_> {
     RowSource::new(v, 10).unwrap()

@@ -767,35 +767,50 @@ fn a_launch_past_the_gpus_limits_is_refused_on_every_backend(device: gpufeed::De
     let m = unsafe { gpufeed::Module::from_ptx(&device, gpufeed::ptx::PTX) }.unwrap();
     let scale = m.function::<gpu_kernels::scale>().unwrap();
     let mut dev = DeviceBuffer::<f32>::new(&device, 256).unwrap();
-    for cfg in [
-        LaunchConfig {
-            grid: LaunchConfig::MAX_GRID + 1,
-            block: 1,
-        },
-        LaunchConfig {
-            grid: u32::MAX,
-            block: 256,
-        },
-        LaunchConfig {
-            grid: 1,
-            block: LaunchConfig::MAX_BLOCK + 1,
-        },
+    let limits = device.info().limits;
+    for (cfg, what) in [
+        (
+            LaunchConfig::linear(LaunchConfig::MAX_GRID + 1, 1),
+            "grid x",
+        ),
+        (LaunchConfig::linear(u32::MAX, 256), "grid x"),
+        (LaunchConfig::linear(0, 256), "grid x"),
+        (LaunchConfig::new((1, 0, 1), 256), "grid y"),
+        (LaunchConfig::new((1, 65536, 1), 256), "grid y"),
+        (LaunchConfig::linear(1, 0), "block x"),
+        (
+            LaunchConfig::linear(1, LaunchConfig::MAX_BLOCK + 1),
+            "block x",
+        ),
+        (LaunchConfig::new(1, (1, 1, 65)), "block z"),
+        (LaunchConfig::new(1, (32, 32, 2)), "threads in a block"),
+        (
+            LaunchConfig::linear(1, 256).with_shared_bytes(limits.max_shared_bytes_per_block + 1),
+            "shared memory",
+        ),
     ] {
         let r = block_on(stream.run(dev, |c, d| c.launch(&scale, cfg, (d.view_mut(), 2.0f32))));
         let e = r.expect_err("refused");
-        assert!(
-            matches!(e.error, Error::InvalidArgument(_)),
-            "{cfg:?}: {:?}",
-            e.error
-        );
+        match &e.error {
+            Error::InvalidLaunch { kernel, reason } => {
+                assert_eq!(*kernel, "scale");
+                assert!(reason.contains(what), "{cfg:?}: {reason}");
+            }
+            other => panic!("{cfg:?}: {other:?}"),
+        }
         // Nothing was enqueued: the buffer comes back.
         dev = e.bundle.expect("handed back");
     }
-    let ok = LaunchConfig {
-        grid: 1,
-        block: LaunchConfig::MAX_BLOCK,
-    };
-    block_on(stream.run(dev, |c, d| c.launch(&scale, ok, (d.view_mut(), 2.0f32)))).unwrap();
+    // The limits themselves run: a full block, a 3-D block, the most shared memory.
+    for ok in [
+        LaunchConfig::linear(1, LaunchConfig::MAX_BLOCK),
+        LaunchConfig::new((2, 3, 1), (8, 8, 4)),
+        LaunchConfig::linear(1, 32).with_shared_bytes(limits.max_shared_bytes_per_block),
+    ] {
+        dev = block_on(stream.run(dev, |c, d| c.launch(&scale, ok, (d.view_mut(), 2.0f32))))
+            .unwrap()
+            .0;
+    }
 }
 
 gpufeed::backend_tests!(a_job_polled_by_an_executor_that_polls_in_wake_completes_with_its_buffers);
@@ -1008,10 +1023,23 @@ fn an_out_of_bounds_kernel_write_breaks_the_emulated_context_in_every_build() {
     let m = unsafe { gpufeed::Module::from_ptx(&device, "") }.unwrap();
     let f = m.function::<past_the_end::write_past>().unwrap();
     let y = DeviceBuffer::<u32>::new(&device, 4).unwrap();
-    let cfg = gpufeed::LaunchConfig { grid: 1, block: 64 };
+    let cfg = gpufeed::LaunchConfig::linear(1, 64);
     let r = block_on(stream.run(y, |c, y| c.launch(&f, cfg, (y.view_mut(),))));
     let e = r.expect_err("an out-of-bounds write is a fault");
-    assert!(matches!(e.error, Error::ContextBroken(_)), "{:?}", e.error);
+    // The CPU emulation names the kernel and the access; a GPU breaks the
+    // context (an illegal address, or the kernel's trap).
+    assert!(
+        matches!(e.error, Error::ContextBroken(_))
+            || matches!(
+                &e.error,
+                Error::KernelFault {
+                    kernel: "write_past",
+                    ..
+                }
+            ),
+        "{:?}",
+        e.error
+    );
     assert!(
         e.bundle.is_some(),
         "a broken context hands the buffers back"

@@ -377,6 +377,41 @@ fn bad_arguments_are_typed_errors_and_touch_nothing(device: gpufeed::Device) {
     let _ = Stream::new(&device).unwrap();
 }
 
+gpufeed::backend_tests!(the_blocking_forms_refuse_mismatched_lengths_on_every_route);
+fn the_blocking_forms_refuse_mismatched_lengths_on_every_route(device: gpufeed::Device) {
+    // The blocking forms call the driver themselves on the direct route
+    // (`Route::Direct`, and `Route::Auto` below its thresholds: 400 bytes
+    // are): their own length check, not the staged copy's, guards it. A
+    // shorter host slice first (with the check missing, that copy stays
+    // inside both buffers and returns Ok), then a longer one.
+    for route in [Route::Direct, Route::Auto, Route::Staged] {
+        let staging = small(&device, route, 1);
+        let mut dev = poisoned(&device, 100);
+        for n in [99, 101] {
+            let data = vec![7u32; n];
+            let err = staging.h2d_blocking(&data, &mut dev).unwrap_err();
+            assert!(
+                matches!(err, Error::LengthMismatch { .. }),
+                "{route:?}, h2d of {n}: {err:?}"
+            );
+            assert_eq!(read(&mut dev), vec![POISON; 100], "{route:?}, h2d of {n}");
+            let mut out = vec![POISON; n];
+            let err = staging.d2h_blocking(&dev, &mut out).unwrap_err();
+            assert!(
+                matches!(err, Error::LengthMismatch { .. }),
+                "{route:?}, d2h of {n}: {err:?}"
+            );
+            assert_eq!(out, vec![POISON; n], "{route:?}, d2h of {n}");
+        }
+        // The same copies with matching lengths go through.
+        let data: Vec<u32> = (0..100).collect();
+        staging.h2d_blocking(&data, &mut dev).unwrap();
+        let mut out = vec![POISON; 100];
+        staging.d2h_blocking(&dev, &mut out).unwrap();
+        assert_eq!(out, data, "{route:?}");
+    }
+}
+
 gpufeed::backend_tests!(the_automatic_route_copies_small_arrays_directly_and_large_ones_staged);
 fn the_automatic_route_copies_small_arrays_directly_and_large_ones_staged(device: gpufeed::Device) {
     let staging = Staging::new(&device).unwrap();

@@ -4,7 +4,9 @@
 //! few lines: indices in, per-thread body out.
 
 use crate::thread;
+use kernel_abi::atomic::Ordering::Relaxed;
 use kernel_abi::thread::{global_id, grid_stride, spin_hint, trap as device_trap};
+use kernel_abi::{block, shared_array, thread as abi, warp};
 use kernel_abi::{kernels, Slice, SliceMut};
 
 kernels! {
@@ -80,6 +82,45 @@ kernels! {
                 global_id(),
                 grid_stride(),
             )
+        }
+    }
+
+    /// A demonstration of block-level programming (not a tuned kernel):
+    /// `total[0] += sum(x)` (warp shuffles, a static shared array, a
+    /// barrier, one `f32` atomic per block) and `block_max[b]` = the maximum
+    /// of the elements block `b`'s threads read (a block reduction).
+    ///
+    /// # Safety
+    /// `x` and `block_max` are valid device memory for their lengths; `total`
+    /// has at least one element; the block size is a multiple of 32.
+    pub unsafe fn block_sum_demo(x: Slice<f32>, total: SliceMut<f32>, block_max: SliceMut<f32>) {
+        let partial = shared_array!(f32, 32);
+        let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+        let mut i = global_id();
+        while i < x.len() {
+            let v = x.load_nc(i);
+            sum += v;
+            max = max.max(v);
+            i += grid_stride();
+        }
+        let s = warp::reduce_sum(sum);
+        if warp::lane_id() == 0 {
+            partial.set(abi::warp_id() as usize, s);
+        }
+        abi::sync_threads();
+        if abi::warp_id() == 0 {
+            let n = abi::warps_per_block() as usize;
+            let lane = warp::lane_id() as usize;
+            let s = warp::reduce_sum(if lane < n { partial.get(lane) } else { 0.0 });
+            if lane == 0 {
+                total.atomic_add(0, s, Relaxed);
+            }
+        }
+        let m = block::reduce_max(max);
+        let b = abi::block_idx() as usize;
+        if abi::thread_idx() == 0 && b < block_max.len() {
+            // SAFETY: one thread per block writes its own element.
+            unsafe { block_max.write(b, m) };
         }
     }
 

@@ -39,6 +39,12 @@ enum Cmd {
         /// Write the PTX to this file instead of printing it.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The sm_80 build (with the tensor-core GEMM) instead of sm_70's.
+        #[arg(long)]
+        sm80: bool,
+        /// Write the inspection (instructions, ptxas registers/spills) as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Check every kernel against the CPU bit for bit; time `scale` against a device copy.
     Kernels {
@@ -243,8 +249,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> gpufeed::Result<()> {
-    if let Some(Cmd::Ptx { out }) = &cli.cmd {
-        return demo::ptx::run(out.as_deref());
+    if let Some(Cmd::Ptx { out, sm80, json }) = &cli.cmd {
+        return demo::ptx::run(out.as_deref(), *sm80, json.as_deref());
     }
     let mut opts = gpufeed::DeviceOptions::from_env()?;
     if let Some(b) = &cli.backend {

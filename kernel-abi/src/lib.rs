@@ -26,17 +26,88 @@
 //! without the bound the host checked), and `#[repr(C)]` plain-data structs
 //! their author declares with `unsafe impl Param`.
 //!
-//! Emulation limits: the CPU runs the threads of a block one after another,
-//! so kernels must not wait for each other inside a block (no barriers, no
-//! shared-memory exchange); grid-stride elementwise kernels, the common
-//! case, run unchanged.
+//! # Block-level programming
+//! A kernel is more than a per-thread map:
+//! - [`thread`]: 1-D and 3-D indices ([`thread::thread_idx3`] ...), lane and
+//!   warp ids, the block barrier [`thread::sync_threads`], memory fences,
+//!   [`thread::trap`];
+//! - [`shared`]: shared memory, static arrays ([`shared_array!`]) and the
+//!   dynamic area sized at launch ([`shared::dynamic`]), with checked
+//!   (safe) and unchecked access, and the tile pattern
+//!   ([`shared::SharedArray::fill_and_sync`]);
+//! - [`warp`]: shuffles, votes, warp reductions and scans;
+//! - [`block`]: block reductions and scans (fixed order, bit-identical on
+//!   the GPU and the CPU emulation);
+//! - [`atomic`]: atomics on global memory ([`SliceMut::atomic_add`] ...) and
+//!   on shared memory, with orderings;
+//! - [`load`]: read-only (`ld.global.nc`), streaming and 16-byte vector
+//!   loads on [`Slice`];
+//! - [`ptx`]: `cp.async`, `ldmatrix` and `mma.sync` (sm_80+), and how to
+//!   write other inline PTX.
+//!
+//! A block sum with the safe building blocks, run on the CPU emulation:
+//!
+//! ```
+//! use core::sync::atomic::Ordering::Relaxed;
+//! use kernel_abi::{block, thread, Slice, SliceMut};
+//!
+//! /// `out[0] += sum(x)`, one atomic per block.
+//! fn block_sum(x: Slice<f32>, out: SliceMut<f32>) {
+//!     let mut acc = 0.0f32;
+//!     let mut i = thread::global_id();
+//!     while i < x.len() {
+//!         acc += x.load(i);
+//!         i += thread::grid_stride();
+//!     }
+//!     let total = block::reduce_sum(acc);
+//!     if thread::thread_idx() == 0 {
+//!         out.atomic_add(0, total, Relaxed);
+//!     }
+//! }
+//!
+//! let v = vec![1.0f32; 1000];
+//! let mut out = [0.0f32];
+//! // SAFETY: both outlive the launch.
+//! let (x, o) = unsafe { (Slice::from_raw_parts(v.as_ptr(), 1000), SliceMut::from_raw_parts(out.as_mut_ptr(), 1)) };
+//! thread::emulate_launch("block_sum", &thread::Launch::linear(4, 128), 2, &|| block_sum(x, o)).unwrap();
+//! assert_eq!(out[0], 1000.0);
+//! ```
+//!
+//! # The CPU emulation
+//! Built for the host, [`thread::emulate_launch`] runs a launch's threads:
+//! the threads of a block meet at barriers for real, warp operations
+//! exchange among the warp's 32 lanes, each block has its own shared
+//! memory (poisoned at its start), atomics are atomic. A barrier not every
+//! thread of the block reaches, a warp operation not every lane reaches,
+//! an out-of-bounds shared or slice access, a trap or a panic is a typed
+//! [`thread::EmulationError`] naming the kernel, block and thread (never a
+//! hang). Elementwise kernels that never wait run their blocks' threads one
+//! after another, as fast as before; see the `emu` design notes in
+//! [`thread::emulate_launch`]'s module.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(stdarch_nvptx, asm_experimental_arch, link_llvm_intrinsics)
+)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+#![deny(missing_docs)]
 
+pub mod atomic;
+pub mod block;
+mod elem;
+#[cfg(not(target_arch = "nvptx64"))]
+mod emu;
+pub mod load;
 mod param;
+pub mod ptx;
+pub mod shared;
 pub mod thread;
+pub mod warp;
 
+pub use atomic::Atomic;
+pub use elem::{Arith, Plain};
 pub use param::{Param, Params, Slice, SliceMut};
+pub use shared::SharedArray;
 
 /// Fused multiply-add: `a * b + c` computed exactly and rounded once (to
 /// nearest, ties to even), on every target, with no unstable feature in the

@@ -51,6 +51,18 @@ impl<T> Clone for SliceMut<T> {
 }
 impl<T> Copy for SliceMut<T> {}
 
+// SAFETY: a range of `T`s shared by the threads of a launch, as `&[T]`:
+// reads are safe (in bounds, by the `from_raw_parts` contract, nobody
+// writes), writes are `unsafe` methods whose callers exclude races, and
+// the atomic methods are atomic.
+unsafe impl<T: Send + Sync> Send for Slice<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Sync for Slice<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Send for SliceMut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Sync for SliceMut<T> {}
+
 // SAFETY: a device pointer and a length, `#[repr(C)]`; built only through
 // `from_raw_parts`, whose caller vouches for the range.
 unsafe impl<T: 'static> Param for Slice<T> {}
@@ -100,15 +112,18 @@ impl<T> Slice<T> {
     }
 }
 
-/// An index past a slice's end: a trap on the CPU emulation always (it
-/// breaks the emulated context, `Error::ContextBroken`, as a GPU fault
-/// would), so a kernel's out-of-bounds access shows in its CPU tests; on the
-/// GPU only in debug builds (the caller's contract, unchecked for speed).
+/// An index past a slice's end: a fault on the CPU emulation always
+/// (`FaultKind::SliceOutOfBounds`: it breaks the emulated context,
+/// `Error::ContextBroken`, as a GPU fault would), so a kernel's
+/// out-of-bounds access shows in its CPU tests; on the GPU only in debug
+/// builds (the caller's contract, unchecked for speed).
 #[inline(always)]
 #[track_caller]
 fn check_index(i: usize, len: usize) {
     #[cfg(not(target_arch = "nvptx64"))]
-    assert!(i < len, "index {i} out of bounds of a slice of {len}");
+    if i >= len {
+        crate::emu::raise(crate::thread::FaultKind::SliceOutOfBounds { index: i, len });
+    }
     #[cfg(target_arch = "nvptx64")]
     debug_assert!(i < len);
 }

@@ -6,7 +6,7 @@ use crate::config::{Knobs, ENV_ARCH, ENV_PTX_ISA, ENV_STUB};
 use crate::git::git_commit;
 use crate::manifest::lib_name;
 use crate::reruns::Directives;
-use crate::{nested, ptx, reruns, Env, Error, Result};
+use crate::{env::Env, error::Error, error::Result, nested, ptx, reruns};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -100,7 +100,10 @@ impl Builder {
     /// and the build follows it there. `fallback` (relative to the calling
     /// crate) is used where the variable is absent.
     pub fn from_dependency(links: &str, fallback: impl Into<PathBuf>) -> Builder {
-        let var = format!("DEP_{}_MANIFEST_DIR", links.to_uppercase().replace('-', "_"));
+        let var = format!(
+            "DEP_{}_MANIFEST_DIR",
+            links.to_uppercase().replace('-', "_")
+        );
         match std::env::var_os(&var) {
             Some(dir) => Builder::new(PathBuf::from(dir)),
             None => Builder::new(fallback),
@@ -359,7 +362,7 @@ fn write_if_changed(path: &Path, text: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{artifact_dir, MissingComponent};
+    use crate::{command::artifact_dir, hint::MissingComponent};
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("kb-{name}-{}", std::process::id()));

@@ -2,7 +2,7 @@
 //! and the stub mode, from the builder and the environment, and what they
 //! turn into (rustc flags, the nested target directory's name).
 
-use crate::{Env, Error};
+use crate::{env::Env, error::Error};
 
 /// The environment variable that picks the PTX `.target` (e.g. `sm_90`).
 pub const ENV_ARCH: &str = "KERNEL_ARCH";

@@ -1,6 +1,6 @@
 //! The sources a nested build read, from cargo's dep-info file.
 
-use crate::Error;
+use crate::error::Error;
 use std::path::{Path, PathBuf};
 
 /// Parses the first rule of a dep-info text, `<artifact>: <source> <source>...`:

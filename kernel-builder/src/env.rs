@@ -1,6 +1,6 @@
 //! The environment a build reads, as a snapshot (a test gives its own).
 
-use crate::{Error, Result};
+use crate::{error::Error, error::Result};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;

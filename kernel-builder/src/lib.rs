@@ -49,6 +49,7 @@
 //! calling crate: `core` is compiled for the GPU once (the long part of a
 //! first build, announced by one status line), not once per profile.
 
+#![deny(missing_docs)]
 mod builder;
 mod command;
 mod config;

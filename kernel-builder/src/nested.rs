@@ -5,7 +5,7 @@ use crate::command::{artifact_dir, nested_command};
 use crate::config::Knobs;
 use crate::hint::MissingComponent;
 use crate::notice::{first_build_line, notice};
-use crate::{Env, Error, Result};
+use crate::{env::Env, error::Error, error::Result};
 use std::path::{Path, PathBuf};
 
 /// Builds the kernel crate at `krate` (library `lib`) with `knobs` in
@@ -40,7 +40,11 @@ pub(crate) fn build(
     );
     for (name, dir) in patches {
         // A TOML string: the path's backslashes and quotes escaped.
-        let dir = dir.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+        let dir = dir
+            .display()
+            .to_string()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"");
         cmd.arg("--config")
             .arg(format!("patch.crates-io.{name}.path=\"{dir}\""));
     }

@@ -1,7 +1,7 @@
 //! Reading a PTX text: its entry points, target, ISA version and
 //! unresolved calls, and the checks a fresh build must pass.
 
-use crate::Error;
+use crate::error::Error;
 use std::path::Path;
 
 /// The `.entry` names of a PTX text, in order (`.visible .entry name(`,

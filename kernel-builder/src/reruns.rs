@@ -3,7 +3,7 @@
 //! manifests and the lock file.
 
 use crate::depinfo;
-use crate::Result;
+use crate::error::Result;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

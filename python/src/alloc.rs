@@ -7,7 +7,7 @@ use crate::device::{
     device_or_default, nbytes, parse_dtype_or_f32, parse_shape, Device, State, StateCell,
 };
 use crate::dtype::DType;
-use crate::{buffer_error, IntoPy};
+use crate::{convert::buffer_error, convert::IntoPy};
 use bytemuck::Pod;
 use gpufeed::interop::{cast_host, cast_host_mut, RegisteredRaw};
 use gpufeed::{HostSlice, HostSliceMut, PinnedArray, PinnedHost, PinnedPool, PooledBuffer};
@@ -258,9 +258,9 @@ pub struct PinnedBuffer {
     shape: Box<[isize]>,
     pub(crate) nbytes: usize,
     pub(crate) device: gpufeed::Device,
-    /// Pinned in place: the object whose memory this is, and the range
-    /// pinned (address, bytes).
-    origin: Option<(Py<PyAny>, usize, usize)>,
+    /// Pinned in place: the object whose memory this is (until the buffer
+    /// is released), and the range pinned.
+    origin: Option<Origin>,
     cuda_host: AtomicBool,
     /// The memory is page-locked (see `HostMem::is_locked`).
     locked: bool,
@@ -280,13 +280,35 @@ impl Drop for PinnedBuffer {
 /// memoryview's managed buffer that keeps it exported.
 const OUR_REFS: isize = 2;
 
+/// What a buffer pinned in place knows of its object: the object, held
+/// until the buffer is released (`free()`, `unpin()`: it then holds nothing,
+/// and the object can be pinned again and given to operations), and the
+/// range pinned (address, bytes).
+pub(crate) struct Origin {
+    obj: std::sync::Mutex<Option<Py<PyAny>>>,
+    ptr: usize,
+    len: usize,
+}
+
+impl Origin {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Py<PyAny>>> {
+        self.obj.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new reference to the object, unless released. Python code is
+    /// never run under the lock: the object is called through this one.
+    fn object(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.held().as_ref().map(|o| o.clone_ref(py))
+    }
+}
+
 impl PinnedBuffer {
     fn new(
         mem: HostMem,
         dtype: DType,
         shape: &[usize],
         device: &gpufeed::Device,
-        origin: Option<(Py<PyAny>, usize, usize)>,
+        origin: Option<Origin>,
     ) -> Self {
         let nbytes = shape.iter().product::<usize>() * dtype.size();
         let locked = mem.is_locked();
@@ -331,7 +353,11 @@ impl PinnedBuffer {
                  tensors): delete them before giving it to an operation"
             )));
         }
-        if let Some((o, ..)) = &self.origin {
+        if let Some(origin) = &self.origin {
+            let held = origin.held();
+            let Some(o) = held.as_ref() else {
+                return Ok(()); // released: the state says so
+            };
             let o = o.bind(py);
             // SAFETY: a live object (we hold a reference), GIL held; reading
             // counts calls no Python code.
@@ -362,7 +388,8 @@ impl PinnedBuffer {
         let weak = self
             .origin
             .as_ref()
-            .is_some_and(|(o, ..)| has_weak_references(o.bind(py)));
+            .and_then(|o| o.object(py))
+            .is_some_and(|o| has_weak_references(o.bind(py)));
         self.check_origin(py)?;
         self.state
             .take("the pinned buffer", |_| self.check_for_operation(py, weak))
@@ -392,13 +419,16 @@ impl PinnedBuffer {
     /// freeing the pinned range: the buffer is then gone (it would read
     /// freed memory), and says why.
     fn check_origin(&self, py: Python<'_>) -> PyResult<()> {
-        let Some((o, ptr, len)) = &self.origin else {
+        let Some(origin) = &self.origin else {
             return Ok(());
         };
         if !matches!(&*self.state.lock(), State::Ready(_)) {
             return Ok(()); // in flight (unreachable meanwhile) or gone already
         }
-        if still_exports(o.bind(py), *ptr, *len).unwrap_or(false) {
+        let Some(o) = origin.object(py) else {
+            return Ok(()); // released
+        };
+        if still_exports(o.bind(py), origin.ptr, origin.len).unwrap_or(false) {
             return Ok(());
         }
         let why = "the pinned array's memory was replaced or freed by its owner while pinned \
@@ -504,19 +534,26 @@ impl PinnedBuffer {
     /// Frees the buffer now (back to the pool; a pinned-in-place array is
     /// unpinned). Refused while views are alive or an operation holds it.
     fn free(&self, py: Python<'_>) -> PyResult<()> {
-        self.free_inner(py, "freed by free()")
+        self.free_inner(py, "freed by free()")?;
+        // Released: a buffer pinned in place no longer holds its object.
+        let obj = self.origin.as_ref().and_then(|o| o.held().take());
+        drop(obj);
+        Ok(())
     }
 
     /// Unpins an array pinned in place and returns it (refused while views
     /// are alive or an operation holds it).
     fn unpin(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let Some(origin) = self.origin.as_ref().map(|(o, ..)| o.clone_ref(py)) else {
+        let Some(origin) = &self.origin else {
             return Err(PyTypeError::new_err(
                 "unpin() is for arrays pinned in place (gpufeed.pin); use free()",
             ));
         };
         self.free_inner(py, "unpinned by unpin()")?;
-        Ok(origin)
+        // Released: the object goes to the caller, and the buffer holds
+        // nothing (the array can be pinned again and used at once).
+        let obj = origin.held().take();
+        obj.ok_or_else(|| buffer_error("the pinned buffer was released already"))
     }
 
     /// The shape.
@@ -1059,7 +1096,11 @@ pub(crate) fn pin_on(
         dtype,
         &shape,
         device,
-        Some((obj.clone().unbind(), ptr, len)),
+        Some(Origin {
+            obj: std::sync::Mutex::new(Some(obj.clone().unbind())),
+            ptr,
+            len,
+        }),
     );
     buf.pin_alive = Some(buffer_alive);
     Ok(buf)

@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::foreign::{check_c_contiguous, Imported};
-use crate::{buffer_error, IntoPy};
+use crate::{convert::buffer_error, convert::IntoPy};
 use gpufeed::{BackendChoice, BackendKind, DeviceBuffer, DeviceOptions, DeviceSliceMut};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -52,10 +52,14 @@ impl Device {
     /// and ordinal always give the same device.
     #[new]
     #[pyo3(
-        signature = (backend=None, ordinal=crate::Count(0)),
+        signature = (backend=None, ordinal=crate::convert::Count(0)),
         text_signature = "(backend=None, ordinal=0)"
     )]
-    fn new(py: Python<'_>, backend: Option<&str>, ordinal: crate::Count) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        backend: Option<&str>,
+        ordinal: crate::convert::Count,
+    ) -> PyResult<Self> {
         let ordinal = ordinal.0 as usize;
         let choice = match backend {
             Some(b) => b.parse::<BackendChoice>().py()?,
@@ -129,7 +133,7 @@ impl Device {
 /// that is given no device.
 #[pyfunction]
 pub fn default_device(py: Python<'_>) -> PyResult<Device> {
-    Device::new(py, None, crate::Count(0))
+    Device::new(py, None, crate::convert::Count(0))
 }
 
 /// `device` or the default device.
@@ -158,7 +162,7 @@ pub fn parse_shape(shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
             .collect::<PyResult<_>>()?
     };
     dims.iter()
-        .map(|d| d.extract::<crate::Count>().map(|c| c.0 as usize))
+        .map(|d| d.extract::<crate::convert::Count>().map(|c| c.0 as usize))
         .collect()
 }
 
@@ -784,7 +788,7 @@ pub fn as_device_array(
         refuse_masked_cai(&obj.getattr("__cuda_array_interface__")?)?;
     }
     if device.kind() != BackendKind::Cuda {
-        return Err(crate::BackendUnavailableError::new_err(
+        return Err(crate::convert::BackendUnavailableError::new_err(
             "as_device_array needs the CUDA backend (this is the CPU emulation)",
         ));
     }

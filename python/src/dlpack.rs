@@ -3,7 +3,7 @@
 
 use crate::dtype::{DType, ALL};
 use crate::foreign::{check_c_contiguous, Imported};
-use crate::{buffer_error, IntoPy};
+use crate::{convert::buffer_error, convert::IntoPy};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;

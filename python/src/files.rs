@@ -8,12 +8,12 @@
 //! [`PROGRESS_STEP`] bytes and the callback called with the GIL between
 //! them; an exception it raises stops the transfer and propagates.
 
+use crate::convert::IntoPy;
 use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
-use crate::IntoPy;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -86,8 +86,21 @@ pub(crate) fn open_error(path: &Path, e: std::io::Error) -> PyErr {
                 .to_string();
             PyOSError::new_err((code, strerror, path.as_os_str().to_os_string()))
         }
-        None => crate::os_error(&e, format!("{}: {e}", path.display())),
+        None => crate::convert::os_error(&e, format!("{}: {e}", path.display())),
     }
+}
+
+/// `path` opened for reading, a directory refused as Python's own `open`
+/// refuses it (`IsADirectoryError`): Linux opens a directory read-only,
+/// and only a read of it fails (which a short read could hide).
+pub(crate) fn open_file(path: &Path) -> PyResult<File> {
+    /// EISDIR (21 on Linux, as on every Unix this builds for).
+    const EISDIR: i32 = 21;
+    let file = File::open(path).map_err(|e| open_error(path, e))?;
+    if file.metadata().map_err(|e| open_error(path, e))?.is_dir() {
+        return Err(open_error(path, std::io::Error::from_raw_os_error(EISDIR)));
+    }
+    Ok(file)
 }
 
 /// Reads `array.nbytes` bytes of `path` from `offset` into `array` (ours),
@@ -100,7 +113,7 @@ fn fill_from_file(
     io: gpufeed::FileIo,
     progress: &mut Progress<'_>,
 ) -> PyResult<()> {
-    let file = File::open(path).map_err(|e| open_error(path, e))?;
+    let file = open_file(path)?;
     let staging = crate::staging::engine_for(py, &array.device)?;
     array.with_own("load", |buf| {
         let len = buf.len();
@@ -196,7 +209,7 @@ fn finish_atomically(
 /// `ValueError` for a bad shape.
 #[pyfunction]
 #[pyo3(
-    signature = (path, dtype, shape=None, offset=crate::Count(0), device=None, direct=None, progress=None),
+    signature = (path, dtype, shape=None, offset=crate::convert::Count(0), device=None, direct=None, progress=None),
     text_signature = "(path, dtype, shape=None, offset=0, device=None, direct=None, progress=None)"
 )]
 #[allow(clippy::too_many_arguments)]
@@ -205,7 +218,7 @@ pub fn read_file(
     path: PathBuf,
     dtype: &Bound<'_, PyAny>,
     shape: Option<&Bound<'_, PyAny>>,
-    offset: crate::Count,
+    offset: crate::convert::Count,
     device: Option<&Device>,
     direct: Option<bool>,
     progress: Option<Bound<'_, PyAny>>,
@@ -241,6 +254,26 @@ pub fn read_file(
     let mut progress = Progress::new(progress, array.nbytes as u64)?;
     fill_from_file(py, &array, &path, offset, file_io(direct), &mut progress)?;
     Ok(array)
+}
+
+/// `err` from NumPy's parse of a `.npy` header, as documented: a header
+/// its parser rejects with `tokenize.TokenError` or `SyntaxError` (an
+/// unterminated dict or string) is a `ValueError` naming the file (NumPy
+/// raises `ValueError` itself for the rest).
+pub(crate) fn npy_header_error(py: Python<'_>, path: &Path, err: PyErr) -> PyErr {
+    let token_error = py
+        .import("tokenize")
+        .and_then(|t| t.getattr("TokenError"))
+        .is_ok_and(|t| err.matches(py, t).unwrap_or(false));
+    if !token_error && !err.is_instance_of::<pyo3::exceptions::PySyntaxError>(py) {
+        return err;
+    }
+    let e = PyValueError::new_err(format!(
+        "{}: not a .npy file NumPy can read: its header does not parse ({err})",
+        path.display()
+    ));
+    e.set_cause(py, Some(err));
+    e
 }
 
 /// The `.npy` header of `path`: (shape, dtype, data offset).
@@ -293,7 +326,7 @@ fn npy_header(py: Python<'_>, path: &Path) -> PyResult<(Vec<usize>, DType, u64)>
         }
         Ok((shape, dtype, offset))
     };
-    let r = read();
+    let r = read().map_err(|e| npy_header_error(py, path, e));
     f.call_method0("close")?;
     r
 }
@@ -421,7 +454,8 @@ pub(crate) struct SafetensorsEntry {
 /// order, `__metadata__` left out; every entry checked before any tensor
 /// byte is read. A dtype with no device dtype is
 /// `unsupported(tensor name, dtype name)`'s error; anything else wrong
-/// (length, UTF-8, JSON, a field missing or of the wrong type, a size that
+/// (length, UTF-8, JSON, a field missing or of the wrong type, `__metadata__`
+/// not an object of strings, a size that
 /// overflows, offsets that don't span the tensor, two tensors sharing
 /// bytes) a `ValueError` naming the file; a tensor past the file's end
 /// (the file cut short) an `OSError`.
@@ -434,7 +468,7 @@ pub(crate) fn safetensors_entries(
     let bad = |why: String| {
         PyValueError::new_err(format!("{}: not a safetensors file: {why}", path.display()))
     };
-    let mut file = File::open(path).map_err(|e| open_error(path, e))?;
+    let mut file = open_file(path)?;
     let size = file.metadata().map_err(|e| open_error(path, e))?.len();
     let mut n = [0u8; 8];
     file.read_exact(&mut n)
@@ -462,6 +496,17 @@ pub(crate) fn safetensors_entries(
     for (name, meta) in entries.iter() {
         let name: String = name.extract()?;
         if name == "__metadata__" {
+            // An object of strings, as the format has it (the safetensors
+            // package refuses anything else).
+            let strings = meta.cast::<PyDict>().is_ok_and(|m| {
+                m.iter()
+                    .all(|(k, v)| k.is_instance_of::<PyString>() && v.is_instance_of::<PyString>())
+            });
+            if !strings {
+                return Err(bad(
+                    "__metadata__ is not an object mapping strings to strings".into(),
+                ));
+            }
             continue;
         }
         let field = |k: &str| {
@@ -570,7 +615,9 @@ pub fn load_safetensors<'py>(
         match a.state.take("the device array", |_| Ok(()))? {
             DevMem::Own(b) => bufs.push(b),
             DevMem::Foreign { .. } => {
-                return Err(crate::buffer_error("a fresh allocation that is not ours"))
+                return Err(crate::convert::buffer_error(
+                    "a fresh allocation that is not ours",
+                ))
             }
         }
     }
@@ -634,8 +681,8 @@ fn read_pieces(
 /// would go, `"direct"` (`O_DIRECT`) or `"buffered"`, with `direct` as
 /// `read_file` takes it (`None`: buffered). Nothing is read.
 ///
-/// Raises `OSError` as `read_file` (and for `direct=True` where the file
-/// system refuses `O_DIRECT`).
+/// Raises `OSError` as `read_file` (`IsADirectoryError` for a directory,
+/// and for `direct=True` where the file system refuses `O_DIRECT`).
 #[pyfunction]
 #[pyo3(signature = (path, direct=None, device=None))]
 pub fn file_read_mode(
@@ -644,7 +691,7 @@ pub fn file_read_mode(
     direct: Option<bool>,
     device: Option<&Device>,
 ) -> PyResult<&'static str> {
-    let file = File::open(&path).map_err(|e| open_error(&path, e))?;
+    let file = open_file(&path)?;
     let device = device_or_default(py, device)?;
     let staging = crate::staging::engine_for(py, &device)?;
     let way = py

@@ -2,7 +2,7 @@
 //! array interface): what an import yields, and the layout both importers
 //! accept.
 
-use crate::buffer_error;
+use crate::convert::buffer_error;
 use crate::dtype::DType;
 use pyo3::prelude::*;
 

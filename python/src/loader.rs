@@ -24,11 +24,11 @@
 //! reads.
 
 use crate::buffer::ContiguousView;
+use crate::convert::Count;
+use crate::convert::IntoPy;
 use crate::device::{DevMem, Device, DeviceArray, StateCell};
 use crate::dtype::DType;
 use crate::files::{safetensors_entries, SafetensorsEntry};
-use crate::Count;
-use crate::IntoPy;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -158,7 +158,23 @@ fn array_field(
         }
     }
     let view = ContiguousView::get(obj, false).map_err(|e| {
-        if e.is_instance_of::<PyValueError>(obj.py()) {
+        let c_contiguous = obj
+            .getattr("flags")
+            .and_then(|f| f.getattr("c_contiguous"))
+            .and_then(|c| c.extract::<bool>())
+            .ok();
+        if e.is_instance_of::<PyValueError>(obj.py()) && c_contiguous == Some(true) {
+            // NumPy's refusal to export a C-contiguous array: its elements
+            // (datetime64, objects...) have no buffer format.
+            let described = obj
+                .getattr("dtype")
+                .map(|d| d.to_string())
+                .unwrap_or_else(|_| "?".into());
+            PyTypeError::new_err(format!(
+                "Loader: {what} has dtype {described}, which has no device dtype (numbers of \
+                 1-8 bytes are supported): {e}"
+            ))
+        } else if e.is_instance_of::<PyValueError>(obj.py()) {
             // NumPy's refusal to export an array it holds strided.
             PyValueError::new_err(format!("Loader: {what} has no C-contiguous buffer: {e}"))
         } else {
@@ -213,7 +229,12 @@ fn npy_map<'py>(py: Python<'py>, path: &Bound<'py, PyAny>) -> PyResult<Bound<'py
     let np = py.import("numpy")?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("mmap_mode", "r")?;
-    np.getattr("load")?.call((path,), Some(&kwargs))
+    np.getattr("load")?
+        .call((path,), Some(&kwargs))
+        .map_err(|e| match as_path(path) {
+            Some(p) => crate::files::npy_header_error(py, &p, e),
+            None => e,
+        })
 }
 
 /// Several `.npy` files as one field, concatenated along axis 0.
@@ -608,7 +629,9 @@ impl Producer {
                 }
             })
             .map_err(|e| {
-                crate::InternalError::new_err(format!("cannot start the loader's thread: {e}"))
+                crate::convert::InternalError::new_err(format!(
+                    "cannot start the loader's thread: {e}"
+                ))
             })?;
         Ok(Producer {
             commands,
@@ -787,7 +810,7 @@ impl Loader {
         };
         match &self.producer {
             Some(p) if p.commands.send(command).is_ok() => Ok(()),
-            _ => Err(crate::InternalError::new_err(
+            _ => Err(crate::convert::InternalError::new_err(
                 "the loader's thread has stopped",
             )),
         }
@@ -800,7 +823,7 @@ impl Loader {
         use std::sync::mpsc::RecvTimeoutError;
         let current = self.generation;
         let Some(p) = &mut self.producer else {
-            return Err(crate::InternalError::new_err(
+            return Err(crate::convert::InternalError::new_err(
                 "the loader's thread has stopped",
             ));
         };
@@ -813,7 +836,7 @@ impl Loader {
                 Ok(_) => continue, // a batch of an epoch left behind: freed here
                 Err(RecvTimeoutError::Timeout) => py.check_signals()?,
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(crate::InternalError::new_err(
+                    return Err(crate::convert::InternalError::new_err(
                         "the loader's thread has stopped",
                     ))
                 }
@@ -823,7 +846,7 @@ impl Loader {
 
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if std::process::id() != self.pid {
-            return Err(crate::InvalidArgumentError::new_err(
+            return Err(crate::convert::InvalidArgumentError::new_err(
                 "a Loader can't be used in a fork() child of the process that made it (its thread \
                  did not survive the fork): make one in the child",
             ));
@@ -841,7 +864,7 @@ impl Loader {
             }
             Message::Failed(e) => {
                 self.finished = true;
-                return Err(crate::to_py(e));
+                return Err(crate::convert::to_py(e));
             }
         };
         self.handed_out += 1;

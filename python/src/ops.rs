@@ -4,7 +4,7 @@
 use crate::alloc::{HostMem, PinnedBuffer, Typed};
 use crate::device::{device_or_default, DevMem, Device, DeviceArray, State};
 use crate::dtype::DType;
-use crate::{buffer_error, to_py, IntoPy};
+use crate::{convert::buffer_error, convert::to_py, convert::IntoPy};
 use gpufeed::interop::{cast_device, cast_device_mut};
 use gpufeed::{
     DeviceSliceMut, Error, HostSlice, HostSliceMut, Job, JobError, Kernel, PinnedHost, RunInfo,
@@ -597,7 +597,7 @@ fn parse_command(b: &mut Batch, cmd: &Bound<'_, PyAny>) -> PyResult<Cmd> {
             Cmd::Intensity {
                 x,
                 k: t.get_item(2)?
-                    .extract::<crate::Count>()?
+                    .extract::<crate::convert::Count>()?
                     .u32("intensity: k")?,
             }
         }
@@ -996,7 +996,7 @@ impl Stream {
         &self,
         py: Python<'_>,
         x: &Bound<'_, PyAny>,
-        k: crate::Count,
+        k: crate::convert::Count,
     ) -> PyResult<Operation> {
         self.submit_one(py, ("intensity", x, k.u32("intensity: k")?))
     }

@@ -1,10 +1,10 @@
 //! The overlap pipeline from Python, and the seed's `compare_sync_async`.
 
 use crate::alloc::{PinnedBuffer, Typed};
+use crate::convert::IntoPy;
 use crate::device::{device_or_default, Device, DeviceArray};
 use crate::dtype::DType;
 use crate::ops::{distinct, take_all, Operation, Owner, Pending, Slot};
-use crate::IntoPy;
 use gpufeed::{Kernel, Plan};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -89,10 +89,14 @@ impl Pipeline {
     /// beyond).
     #[new]
     #[pyo3(
-        signature = (device=None, streams=crate::Count(4)),
+        signature = (device=None, streams=crate::convert::Count(4)),
         text_signature = "(device=None, streams=4)"
     )]
-    fn new(py: Python<'_>, device: Option<&Device>, streams: crate::Count) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        device: Option<&Device>,
+        streams: crate::convert::Count,
+    ) -> PyResult<Self> {
         let streams = streams.0 as usize;
         let device = device_or_default(py, device)?;
         let inner = py
@@ -125,7 +129,7 @@ impl Pipeline {
         let n = {
             let b = inp.get();
             if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
-                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
+                return Err(crate::convert::to_py(gpufeed::Error::InvalidArgument(
                     "the input array is on another device than the pipeline".into(),
                 )));
             }
@@ -145,7 +149,7 @@ impl Pipeline {
         {
             let b = out.get();
             if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
-                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
+                return Err(crate::convert::to_py(gpufeed::Error::InvalidArgument(
                     "the output array is on another device than the pipeline".into(),
                 )));
             }
@@ -159,7 +163,7 @@ impl Pipeline {
         let owners = vec![Owner::Host(inp.unbind()), Owner::Host(out.unbind())];
         let mut slots = take_all(py, &owners)?.into_iter();
         let (Some(Slot::Host(i)), Some(Slot::Host(o))) = (slots.next(), slots.next()) else {
-            return Err(crate::InternalError::new_err("pipeline slots"));
+            return Err(crate::convert::InternalError::new_err("pipeline slots"));
         };
         let (i, o) = match (Typed::<f32>::new(i), Typed::<f32>::new(o)) {
             (Ok(i), Ok(o)) => (i, o),
@@ -175,7 +179,7 @@ impl Pipeline {
                 let e = e1
                     .or(e2)
                     .unwrap_or_else(|| gpufeed::Error::Internal("cast".into()));
-                return Err(crate::to_py(e));
+                return Err(crate::convert::to_py(e));
             }
         };
         let job = py.detach(|| self.inner.run(i, o, k, plan, gpufeed::Timeline::Off));
@@ -231,7 +235,7 @@ impl Pipeline {
         {
             let b = out.get();
             if gpufeed::interop::device_id(&b.device) != gpufeed::interop::device_id(&self.device) {
-                return Err(crate::to_py(gpufeed::Error::InvalidArgument(
+                return Err(crate::convert::to_py(gpufeed::Error::InvalidArgument(
                     "the output device array is on another device than the pipeline".into(),
                 )));
             }
@@ -243,7 +247,7 @@ impl Pipeline {
             }
             let m: usize = b.shape.iter().product();
             if m != n {
-                return Err(crate::to_py(gpufeed::Error::LengthMismatch {
+                return Err(crate::convert::to_py(gpufeed::Error::LengthMismatch {
                     what: "pipeline (output vs input)",
                     expected: n,
                     got: m,
@@ -256,14 +260,14 @@ impl Pipeline {
         ];
         let mut slots = take_all(py, &owners)?.into_iter();
         let (Some(Slot::Host(i)), Some(Slot::Dev(o))) = (slots.next(), slots.next()) else {
-            return Err(crate::InternalError::new_err("pipeline slots"));
+            return Err(crate::convert::InternalError::new_err("pipeline slots"));
         };
         let i = match Typed::<f32>::new(i) {
             Ok(i) => i,
             Err((e, m)) => {
                 owners[0].restore(py, Some(Slot::Host(m)), "");
                 owners[1].restore(py, Some(Slot::Dev(o)), "");
-                return Err(crate::to_py(e));
+                return Err(crate::convert::to_py(e));
             }
         };
         // The output is on the pipeline's device (checked above).
@@ -313,25 +317,25 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// reference bit for bit).
 #[pyfunction]
 #[pyo3(
-    signature = (size, device=None, reps=crate::Count(3)),
+    signature = (size, device=None, reps=crate::convert::Count(3)),
     text_signature = "(size, device=None, reps=3)"
 )]
 pub fn compare_sync_async<'py>(
     py: Python<'py>,
-    size: crate::Count,
+    size: crate::convert::Count,
     device: Option<&Device>,
-    reps: crate::Count,
+    reps: crate::convert::Count,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (size, reps) = (size.0 as usize, reps.0 as usize);
     if size == 0 {
-        return Err(crate::to_py(gpufeed::Error::InvalidArgument(
+        return Err(crate::convert::to_py(gpufeed::Error::InvalidArgument(
             "compare_sync_async needs at least one element".into(),
         )));
     }
     let device = device_or_default(py, device)?;
     let k = Kernel::Scale { s: 2.0 };
     if reps == 0 {
-        return Err(crate::to_py(gpufeed::Error::InvalidArgument(
+        return Err(crate::convert::to_py(gpufeed::Error::InvalidArgument(
             "compare_sync_async needs reps >= 1 (the timings are medians of reps runs)".into(),
         )));
     }

@@ -15,7 +15,7 @@ use crate::buffer::ContiguousView;
 use crate::device::{device_or_default, DevMem, Device, DeviceArray};
 use crate::dtype::DType;
 use crate::ops::SIGNAL_CHECK;
-use crate::{to_py, IntoPy};
+use crate::{convert::to_py, convert::IntoPy};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -118,7 +118,7 @@ pub(crate) fn contiguous<'py>(obj: &Bound<'py, PyAny>, writable: bool) -> PyResu
     };
     if writable && view.len > 0 && !exposes(obj, view.ptr as usize) {
         // NumPy made new memory: a copy into it would be lost.
-        return Err(crate::buffer_error(format!(
+        return Err(crate::convert::buffer_error(format!(
             "to_host: `out` ({}) gives NumPy only a copy of its memory, so the data would \
              never reach it: pass an object whose memory is written (a NumPy array, a \
              memory map, a bytearray, a PyTorch CPU tensor)",
@@ -144,12 +144,12 @@ fn refusal(arr: &Bound<'_, PyAny>, writable: bool, err: PyErr) -> PyErr {
     };
     let c_contiguous = flag("c_contiguous");
     if c_contiguous == Some(false) {
-        return crate::buffer_error(format!(
+        return crate::convert::buffer_error(format!(
             "to_device/to_host take C-contiguous arrays only (no hidden copy): {err}"
         ));
     }
     if writable && flag("writeable") == Some(false) {
-        return crate::buffer_error(format!("to_host: `out` is read-only: {err}"));
+        return crate::convert::buffer_error(format!("to_host: `out` is read-only: {err}"));
     }
     if c_contiguous == Some(true) {
         return PyTypeError::new_err(format!(
@@ -157,7 +157,7 @@ fn refusal(arr: &Bound<'_, PyAny>, writable: bool, err: PyErr) -> PyErr {
              only): {err}"
         ));
     }
-    crate::buffer_error(format!("to_device/to_host: no C-contiguous export: {err}"))
+    crate::convert::buffer_error(format!("to_device/to_host: no C-contiguous export: {err}"))
 }
 
 /// Whether `obj` says its memory starts at `ptr`: a PyTorch tensor's

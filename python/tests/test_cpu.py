@@ -389,6 +389,35 @@ def test_pinning_an_array_again_names_the_buffer_that_holds_it(device):
     gpufeed.pin(x, device).free()
 
 
+@pytest.mark.parametrize("release", ["unpin", "free"])
+def test_a_released_buffer_holds_nothing_so_its_array_pins_again_and_goes_to_an_operation(device, release):
+    import weakref
+    x = np.arange(4096, dtype=np.float64)
+    first = gpufeed.pin(x, device)
+    if release == "unpin":
+        assert first.unpin() is x
+    else:
+        first.free()
+    assert first.state == "freed"
+    # `first` is kept: released, it holds no reference to the array, so the
+    # array pinned again goes to an operation once `x` is dropped.
+    again = gpufeed.pin(x, device)
+    del x
+    gc.collect()
+    dev = device.empty(4096, "float64")
+    gpufeed.Stream(device).copy_h2d(again, dev).wait()
+    np.testing.assert_array_equal(dev.download(), np.arange(4096, dtype=np.float64))
+    # Both buffers released: nothing holds the array but its last name.
+    back = again.unpin()
+    gone = weakref.ref(back)
+    del back
+    gc.collect()
+    assert gone() is None
+    assert first.state == again.state == "freed"
+    with pytest.raises(BufferError):
+        first.unpin()
+
+
 def test_pin_refusals(device):
     with pytest.raises(BufferError, match="non-contiguous"):
         gpufeed.pin(np.asfortranarray(np.zeros((10, 10), np.float32)), device)

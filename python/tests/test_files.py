@@ -428,6 +428,99 @@ def test_a_cut_short_safetensors_file_is_an_os_error_for_load_and_loader(device,
         gpufeed.Loader(str(st), 4, device=device)
 
 
+def test_a_tensor_cut_short_at_a_nonzero_offset_is_an_os_error_for_load_and_loader(device, tmp_path):
+    # The second tensor starts at 16 and ends at 32; the file holds 20 data
+    # bytes. Its end, not its length (16, which fits), is past the file's.
+    st = tmp_path / "cut2.safetensors"
+    entries = {"a": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]},
+               "b": {"dtype": "U8", "shape": [16], "data_offsets": [16, 32]}}
+    _safetensors(st, entries, bytes(20))
+    for load in (lambda: gpufeed.load_safetensors(st, device),
+                 lambda: gpufeed.Loader(str(st), 4, device=device)):
+        with pytest.raises(OSError, match="cut short") as e:
+            load()
+        assert '"b"' in str(e.value) and "[16, 32]" in str(e.value), str(e.value)
+    # Whole, the same file loads.
+    _safetensors(st, entries, bytes(range(32)))
+    assert gpufeed.to_host(gpufeed.load_safetensors(st, device)["b"]).tolist() == list(range(16, 32))
+
+
+def test_metadata_keys_that_are_not_strings_are_a_type_error_and_leave_no_file(device, tmp_path):
+    path = tmp_path / "k.safetensors"
+    d = gpufeed.to_device(np.arange(10, dtype=np.float32), device)
+    for metadata in [{1: "x"}, {("a",): "x"}, {"ok": "x", None: "y"}]:
+        with pytest.raises(TypeError, match="metadata"):
+            gpufeed.save_safetensors(path, {"a": d}, metadata=metadata)
+    assert list(tmp_path.iterdir()) == []
+    gpufeed.save_safetensors(path, {"a": d}, metadata={"1": "x"})
+    assert gpufeed.load_safetensors(path, device)["a"].shape == (10,)
+
+
+def test_metadata_that_is_not_an_object_of_strings_is_refused_as_safetensors_refuses_it(device, tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    st = tmp_path / "m.safetensors"
+    a = np.arange(6, dtype=np.float32)
+    for metadata in ["abc", ["a"], 7, {"k": 3}, {"k": None}]:
+        write_safetensors(st, {"a": a}, metadata=metadata)
+        with pytest.raises(Exception):  # the format's own reader refuses it
+            safetensors_numpy.load_file(str(st))
+        for load in (lambda: gpufeed.load_safetensors(st, device),
+                     lambda: gpufeed.Loader(str(st), 2, device=device)):
+            with pytest.raises(ValueError, match="__metadata__") as e:
+                load()
+            assert "m.safetensors" in str(e.value)
+    # An object of strings is read past, as the package reads it.
+    write_safetensors(st, {"a": a}, metadata={"format": "np"})
+    raw = st.read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    assert header["__metadata__"] == {"format": "np"}
+    assert np.array_equal(safetensors_numpy.load_file(str(st))["a"], a)
+    assert np.array_equal(host_copy(gpufeed.load_safetensors(st, device)["a"]), a)
+
+
+def _npy_with_header(path, header):
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+                     + bytes(48))
+
+
+@pytest.mark.parametrize("header", [
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), ",  # an unterminated dict
+    "'" * 3 + "abc",  # an unterminated string literal
+    "{\x00",  # a NUL byte in an unterminated dict
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), 'x': " + "'" * 3 + "y }",
+])
+def test_a_npy_header_numpys_parser_rejects_is_a_value_error_for_load_and_loader(device, tmp_path, header):
+    import tokenize
+    p = tmp_path / "h.npy"
+    _npy_with_header(p, header)
+    with pytest.raises(tokenize.TokenError):  # what NumPy's own parser raises
+        np.load(p)
+    for load in (lambda: gpufeed.load(p, device),
+                 lambda: gpufeed.Loader(str(p), 1, device=device),
+                 lambda: gpufeed.Loader([str(p)], 1, device=device)):
+        with pytest.raises(ValueError, match="header") as e:
+            load()
+        assert "h.npy" in str(e.value) and isinstance(e.value.__cause__, tokenize.TokenError)
+
+
+def test_a_directory_where_a_file_is_expected_is_an_is_a_directory_error(device, tmp_path):
+    import errno
+    d = tmp_path / "x.safetensors"
+    d.mkdir()
+    for call in (lambda: gpufeed.load_safetensors(d, device),
+                 lambda: gpufeed.Loader(str(d), 4, device=device),
+                 lambda: gpufeed.file_read_mode(d, device=device),
+                 lambda: gpufeed.file_read_mode(d, direct=True, device=device),
+                 lambda: gpufeed.load(d, device),
+                 lambda: gpufeed.read_file(d, "uint8", device=device)):
+        with pytest.raises(IsADirectoryError) as e:
+            call()
+        assert e.value.errno == errno.EISDIR and e.value.filename == str(d), e.value
+    with pytest.raises(IsADirectoryError):  # as Python's own open() says
+        open(d, "rb")
+
+
 def test_safetensors_tensors_that_share_bytes_are_refused(device, tmp_path):
     st = tmp_path / "alias.safetensors"
     a = {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}

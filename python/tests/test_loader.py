@@ -282,6 +282,77 @@ def test_a_state_dict_resumes_mid_epoch(device):
         mk().load_state_dict({"epoch": 0})
 
 
+def test_a_state_taken_after_resuming_and_at_an_epochs_end_counts_every_batch_and_reloads(device):
+    # Row i holds i: a batch's rows are its indices.
+    a = np.arange(500, dtype=np.int64).reshape(500, 1)
+    mk = lambda: gpufeed.Loader(a, 32, shuffle=True, seed=3, device=device, framework="numpy")
+    order = ref_indices(500, True, 3, 2)
+    per_epoch = -(-500 // 32)  # 16
+    part = mk()
+    part.set_epoch(2)
+    it = iter(part)
+    for _ in range(5):
+        next(it)
+    state = part.state_dict()
+    assert (state["epoch"], state["batches"]) == (2, 5)
+    # Resumed at 5, three more taken: 8 consumed, the 5 skipped counted.
+    resumed = mk()
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    taken = [next(it) for _ in range(3)]
+    assert np.concatenate(taken).ravel().tolist() == order[5 * 32:8 * 32]
+    again = resumed.state_dict()
+    assert (again["epoch"], again["batches"]) == (2, 8)
+    third = mk()
+    third.load_state_dict(again)
+    assert np.concatenate(list(third)).ravel().tolist() == order[8 * 32:]
+    # The resumed epoch run to its end: every batch consumed, a state
+    # that reloads, and the loader it is loaded into has nothing left of
+    # that epoch (then the next iteration runs it whole).
+    rest = list(it)
+    assert len(rest) == per_epoch - 8
+    end = resumed.state_dict()
+    assert (end["epoch"], end["batches"]) == (2, per_epoch)
+    fourth = mk()
+    fourth.load_state_dict(end)
+    assert fourth.state_dict()["batches"] == per_epoch
+    assert list(fourth) == []
+    assert np.concatenate(list(fourth)).ravel().tolist() == order
+    # An epoch run whole from the start ends at the same state.
+    whole = mk()
+    whole.set_epoch(2)
+    assert len(list(whole)) == per_epoch
+    assert whole.state_dict()["batches"] == per_epoch
+    mk().load_state_dict(whole.state_dict())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_each_rank_yields_as_many_batches_and_rows_as_its_indices(device, world):
+    for n in [61, 1001]:
+        assert n % world != 0
+        a = np.arange(n, dtype=np.int64).reshape(n, 1)  # row i holds i
+        for drop_last in [False, True]:
+            for rank in range(world):
+                ld = gpufeed.Loader(a, 4, shuffle=True, seed=8, drop_last=drop_last, rank=rank,
+                                    world_size=world, device=device, framework="numpy")
+                want = ref_batches(n, 4, True, 8, 0, drop_last, rank, world)
+                assert ld.indices() == ref_indices(n, True, 8, 0, drop_last, rank, world)
+                assert len(ld) == len(want), (n, world, rank, drop_last)
+                got = [b.ravel().tolist() for b in ld]
+                assert got == want, (n, world, rank, drop_last)
+
+
+def test_a_source_whose_elements_have_no_device_dtype_is_a_type_error_as_for_to_device(device):
+    for a in [np.zeros(100, "M8[s]"), np.zeros(100, "m8[ms]"), np.zeros((10, 2), object)]:
+        with pytest.raises(TypeError):
+            gpufeed.to_device(a, device)
+        with pytest.raises(TypeError, match="device dtype") as e:
+            gpufeed.Loader(a, 8, device=device)
+        assert str(a.dtype) in str(e.value)
+        with pytest.raises(TypeError, match="device dtype"):
+            gpufeed.Loader({"x": a, "y": np.zeros(len(a), np.float32)}, 8, device=device)
+
+
 def test_the_order_is_the_same_in_another_process():
     code = ("import gpufeed, numpy as np;"
             "ld = gpufeed.Loader(np.zeros((5000, 2), np.float32), 8, shuffle=True, seed=77);"

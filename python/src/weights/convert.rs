@@ -4,14 +4,60 @@
 //! follow-up) and its results as `framework=` asks.
 
 use crate::buffer::ContiguousView;
+use crate::convert::IntoPy;
 use crate::device::DeviceArray;
 use crate::dtype::DType;
-use crate::IntoPy;
-use gpufeed::weights::PlannedTensor;
-use pyo3::exceptions::PyValueError;
+use gpufeed::weights::{Dtype, FileError, PlannedTensor};
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use std::os::unix::fs::FileExt;
+
+/// A `gpufeed::Error` of the weights code as the Python exception a file
+/// error should be (see the module's notes); others as [`crate::convert::to_py`].
+pub(crate) fn weights_error(e: gpufeed::Error) -> PyErr {
+    let Some(f) = FileError::of(&e) else {
+        return crate::convert::to_py(e);
+    };
+    let kind = match &e {
+        gpufeed::Error::Io(io) => io.kind(),
+        _ => std::io::ErrorKind::Other,
+    };
+    if kind == std::io::ErrorKind::InvalidData {
+        return PyValueError::new_err(f.to_string());
+    }
+    let path = f.path.as_os_str().to_os_string();
+    match f.errno {
+        Some(code) => PyOSError::new_err((code, f.detail.clone(), path)),
+        // No errno (a file shorter than its header says): the text as
+        // `strerror`, the path as `filename`.
+        None => PyOSError::new_err((py_none(), f.detail.clone(), path)),
+    }
+}
+
+fn py_none() -> Option<i32> {
+    None
+}
+
+/// The device dtype of a safetensors dtype (`None` for bool and 8-bit
+/// floats, which have none).
+pub(crate) fn device_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F64 => DType::F64,
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        Dtype::I64 => DType::I64,
+        Dtype::I32 => DType::I32,
+        Dtype::I16 => DType::I16,
+        Dtype::I8 => DType::I8,
+        Dtype::U64 => DType::U64,
+        Dtype::U32 => DType::U32,
+        Dtype::U16 => DType::U16,
+        Dtype::U8 => DType::U8,
+        Dtype::Bool | Dtype::F8E4M3 | Dtype::F8E5M2 => return None,
+    })
+}
 
 /// Whether conversions take `d` (bfloat16, float16, float32).
 pub(crate) fn is_float(d: DType) -> bool {

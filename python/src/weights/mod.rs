@@ -1,7 +1,7 @@
 //! Model weights from Python: `load_model` (a checkpoint directory, index
 //! or shard list into new device arrays or into tensors that exist, sliced
 //! per tensor-parallel rank) and `save_async` (a checkpoint written in the
-//! background from a snapshot; [`save`]), over `gpufeed::weights`.
+//! background from a snapshot: [`save_async`]), over `gpufeed::weights`.
 //!
 //! Errors about a file are raised as Python's own: `FileNotFoundError` (and
 //! the other `OSError` subclasses, `errno` and `filename` set) for a shard
@@ -15,61 +15,16 @@ mod targets;
 
 pub use save::{save_async, SaveHandle};
 
+use convert::{device_dtype, weights_error};
+
 use crate::device::device_or_default;
-use crate::dtype::DType;
-use gpufeed::weights::{Checkpoint, Dtype, FileError, LoadPlan, Source, Split};
-use pyo3::exceptions::{PyKeyError, PyOSError, PyTypeError, PyValueError};
+use gpufeed::weights::{Checkpoint, LoadPlan, Source, Split};
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use targets::Target;
-
-/// A `gpufeed::Error` of the weights code as the Python exception a file
-/// error should be (see the module's notes); others as [`crate::to_py`].
-pub(crate) fn weights_error(e: gpufeed::Error) -> PyErr {
-    let Some(f) = FileError::of(&e) else {
-        return crate::to_py(e);
-    };
-    let kind = match &e {
-        gpufeed::Error::Io(io) => io.kind(),
-        _ => std::io::ErrorKind::Other,
-    };
-    if kind == std::io::ErrorKind::InvalidData {
-        return PyValueError::new_err(f.to_string());
-    }
-    let path = f.path.as_os_str().to_os_string();
-    match f.errno {
-        Some(code) => PyOSError::new_err((code, f.detail.clone(), path)),
-        // No errno (a file shorter than its header says): the text as
-        // `strerror`, the path as `filename`.
-        None => PyOSError::new_err((py_none(), f.detail.clone(), path)),
-    }
-}
-
-fn py_none() -> Option<i32> {
-    None
-}
-
-/// The device dtype of a safetensors dtype (`None` for bool and 8-bit
-/// floats, which have none).
-pub(crate) fn device_dtype(d: Dtype) -> Option<DType> {
-    Some(match d {
-        Dtype::F64 => DType::F64,
-        Dtype::F32 => DType::F32,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
-        Dtype::I64 => DType::I64,
-        Dtype::I32 => DType::I32,
-        Dtype::I16 => DType::I16,
-        Dtype::I8 => DType::I8,
-        Dtype::U64 => DType::U64,
-        Dtype::U32 => DType::U32,
-        Dtype::U16 => DType::U16,
-        Dtype::U8 => DType::U8,
-        Dtype::Bool | Dtype::F8E4M3 | Dtype::F8E5M2 => return None,
-    })
-}
 
 /// The checkpoint source: a path (str or os.PathLike) or a list/tuple of
 /// shard paths.
@@ -206,8 +161,8 @@ pub fn load_model<'py>(
     names: Option<Bound<'py, PyAny>>,
     into: Option<Bound<'py, PyAny>>,
     dtype: Option<&Bound<'py, PyAny>>,
-    rank: Option<crate::Count>,
-    world_size: Option<crate::Count>,
+    rank: Option<crate::convert::Count>,
+    world_size: Option<crate::convert::Count>,
     rules: Option<&Bound<'py, PyDict>>,
     strict: bool,
     direct: Option<bool>,
@@ -312,7 +267,7 @@ pub fn load_model<'py>(
         )
         .map_err(|e| match e {
             gpufeed::Error::InvalidArgument(m) => PyValueError::new_err(format!("load_model: {m}")),
-            e => crate::to_py(e),
+            e => crate::convert::to_py(e),
         })?;
     // Each tensor's dtype on the device.
     let mut out_dtypes = Vec::with_capacity(plan.tensors.len());
@@ -339,7 +294,7 @@ pub fn load_model<'py>(
             let mut v = Vec::with_capacity(plan.tensors.len());
             for (t, &d) in plan.tensors.iter().zip(&out_dtypes) {
                 let obj = by_name.get(t.name.as_str()).copied().ok_or_else(|| {
-                    crate::InternalError::new_err("a planned tensor not in into=")
+                    crate::convert::InternalError::new_err("a planned tensor not in into=")
                 })?;
                 v.push(Target::existing(py, &device, &t.name, obj)?);
                 targets::check(v.last(), t, d, &plan)?;

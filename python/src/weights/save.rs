@@ -11,9 +11,9 @@
 //! free room, so the call returns once what is left fits the bound (the
 //! rest is on the disk by then).
 
+use crate::convert::IntoPy;
 use crate::device::{DevMem, DeviceArray};
 use crate::dtype::DType;
-use crate::IntoPy;
 use gpufeed::weights::{CheckpointWriter, Dtype, Snapshot};
 use gpufeed::{BackendKind, DeviceBuffer};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -159,7 +159,7 @@ impl SaveHandle {
             .map(|t| std::time::Instant::now() + std::time::Duration::from_secs_f64(t.max(0.0)));
         loop {
             if let Some(r) = &self.shared.lock().done {
-                return r.clone().map_err(super::weights_error);
+                return r.clone().map_err(super::convert::weights_error);
             }
             if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 return Err(pyo3::exceptions::PyTimeoutError::new_err(
@@ -209,13 +209,13 @@ impl SaveHandle {
 /// snapshot_bytes=None, metadata=None, device=None)`: see the README's
 /// "Model weights".
 #[pyfunction]
-#[pyo3(signature = (state_dict, path, max_shard_bytes=crate::Count(5 << 30), snapshot_bytes=None, metadata=None, device=None))]
+#[pyo3(signature = (state_dict, path, max_shard_bytes=crate::convert::Count(5 << 30), snapshot_bytes=None, metadata=None, device=None))]
 pub fn save_async(
     py: Python<'_>,
     state_dict: &Bound<'_, PyAny>,
     path: PathBuf,
-    max_shard_bytes: crate::Count,
-    snapshot_bytes: Option<crate::Count>,
+    max_shard_bytes: crate::convert::Count,
+    snapshot_bytes: Option<crate::convert::Count>,
     metadata: Option<&Bound<'_, PyDict>>,
     device: Option<&crate::device::Device>,
 ) -> PyResult<SaveHandle> {
@@ -300,7 +300,7 @@ pub fn save_async(
         .detach(|| CheckpointWriter::create(&staging, &path, &specs, max_shard_bytes.0, &meta))
         .map_err(|e| match e {
             gpufeed::Error::InvalidArgument(m) => PyValueError::new_err(format!("save_async: {m}")),
-            e => super::weights_error(e),
+            e => super::convert::weights_error(e),
         })?;
     let plan = writer_state.plan();
     let nbytes = plan.total_size();
@@ -322,7 +322,9 @@ pub fn save_async(
     std::thread::Builder::new()
         .name("gpufeed-save".into())
         .spawn(move || writer(writer_state, rx, s2))
-        .map_err(|e| crate::InternalError::new_err(format!("save_async: no writer thread: {e}")))?;
+        .map_err(|e| {
+            crate::convert::InternalError::new_err(format!("save_async: no writer thread: {e}"))
+        })?;
     let snapped = snapshot(py, &device, &srcs, &sizes, bound, &tx, &shared);
     drop(tx);
     if let Err(e) = snapped {
@@ -394,7 +396,7 @@ fn snapshot(
         shared.lock().held += bytes;
         for p in pieces {
             if tx.send(p).is_err() {
-                return Err(crate::InternalError::new_err(
+                return Err(crate::convert::InternalError::new_err(
                     "save_async: the writer is gone",
                 ));
             }

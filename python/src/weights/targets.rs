@@ -110,7 +110,7 @@ impl Target {
     pub fn array(self) -> PyResult<Py<DeviceArray>> {
         match self.mem {
             Mem::Array(a) => Ok(a),
-            Mem::Host { .. } => Err(crate::InternalError::new_err(
+            Mem::Host { .. } => Err(crate::convert::InternalError::new_err(
                 "a host target handed out as a device array",
             )),
         }
@@ -219,7 +219,7 @@ pub(crate) fn read_all(
     }
     let result = took.and_then(|()| {
         py.detach(|| read_taken(staging, &device, ck, plan, &mut taken, dtypes, io))
-            .map_err(super::weights_error)
+            .map_err(super::convert::weights_error)
     });
     for (t, m) in targets.iter().zip(taken) {
         if let (Mem::Array(a), Taken::Mem(m)) = (&t.mem, m) {
@@ -242,7 +242,7 @@ fn read_taken(
         .tensors
         .iter()
         .zip(dtypes)
-        .map(|(t, &d)| super::device_dtype(t.dtype) == Some(d))
+        .map(|(t, &d)| super::convert::device_dtype(t.dtype) == Some(d))
         .collect();
     let same = LoadPlan {
         tensors: plan
@@ -265,10 +265,10 @@ fn read_taken(
         gpufeed::weights::load(staging, ck, &same, targets, io)?
     };
     for ((t, m), &d) in plan.tensors.iter().zip(taken.iter_mut()).zip(dtypes) {
-        if super::device_dtype(t.dtype) == Some(d) {
+        if super::convert::device_dtype(t.dtype) == Some(d) {
             continue;
         }
-        let from = super::device_dtype(t.dtype)
+        let from = super::convert::device_dtype(t.dtype)
             .ok_or_else(|| gpufeed::Error::Internal("a conversion from no dtype".into()))?;
         let raw = convert::read_pieces(&ck.shards[t.shard].path, t)?;
         let bytes = convert::convert(&raw, from, d)?;
