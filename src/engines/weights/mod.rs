@@ -21,7 +21,33 @@
 //!   synced and renamed, the index last, so a crash leaves the checkpoint
 //!   before it whole.
 //!
-//! Errors about a file are [`crate::base::error::Error::Io`] carrying a [`FileError`]
+//! ```rust
+//! # fn main() -> gpufeed::Result<()> {
+//! use gpufeed::weights::{self, Checkpoint, CheckpointWriter, Dtype, Snapshot, Source, Split};
+//! use gpufeed::{Device, DeviceBuffer, FileIo, ReadTarget, Staging};
+//! let device = Device::cpu();
+//! let staging = Staging::new(&device)?;
+//! let dir = std::env::temp_dir().join(format!("gpufeed-weights-doc-{}", std::process::id()));
+//! // A checkpoint of one 4 x 6 matrix of bytes 0..24, written from host memory.
+//! let tensors = [("w".to_string(), Dtype::U8, vec![4, 6])];
+//! let mut writer = CheckpointWriter::create(&staging, &dir, &tensors, 1 << 30, &[])?;
+//! writer.write(0, 0, &Snapshot::Host((0u8..24).collect()))?;
+//! writer.finish()?;
+//! // Rank 1 of 2 reads the last 3 columns of every row: 12 of the 24 bytes.
+//! let ck = Checkpoint::open(&Source::Path(dir.clone()))?;
+//! let plan = ck.plan(|_| true, |_| Split::Dim(1), 1, 2)?;
+//! assert_eq!(plan.tensors[0].shape, [4, 3]);
+//! let mut part = DeviceBuffer::<u8>::new(&device, plan.tensors[0].nbytes)?;
+//! let stats = weights::load(&staging, &ck, &plan, vec![ReadTarget::buffer(&mut part)], FileIo::Auto)?;
+//! assert_eq!(stats.bytes_read, 12);
+//! let mut host = vec![0u8; 12];
+//! part.copy_to_host_sync(&mut host)?;
+//! assert_eq!(host, [3, 4, 5, 9, 10, 11, 15, 16, 17, 21, 22, 23]);
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(()) }
+//! ```
+//!
+//! Errors about a file are [`Error::Io`](crate::Error::Io) carrying a [`FileError`]
 //! (its path, kind and the system's errno where there is one).
 
 mod checkpoint;
