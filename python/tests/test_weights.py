@@ -327,6 +327,8 @@ def test_uneven_splits_and_missing_dimensions_are_value_errors_naming_the_tensor
         gpufeed.load_model(directory, device=device, rank=0, world_size=3, rules={"model.norm.weight": 0})
     with pytest.raises(ValueError, match=r"model\.norm\.weight.*dimension 1"):
         gpufeed.load_model(directory, device=device, rank=0, world_size=2, rules={"model.norm.weight": 1})
+    with pytest.raises(ValueError, match="both rank= and world_size="):
+        gpufeed.load_model(directory, device=device, rank=1, rules=RULES)
     with pytest.raises(ValueError, match="rank 2 must be below world_size 2"):
         gpufeed.load_model(directory, device=device, rank=2, world_size=2, rules={})
 

@@ -251,6 +251,11 @@ pub fn load_model<'py>(
     }
     let (rank, world) = match (rank, world_size, rules) {
         (None, None, None) => (0, 1),
+        (Some(_), None, _) | (None, Some(_), _) => {
+            return Err(PyValueError::new_err(
+                "load_model: give both rank= and world_size=, or neither",
+            ))
+        }
         (r, w, _) => {
             let (r, w, _) =
                 crate::loader::distributed(py, r.map(|r| r.0 as usize), w.map(|w| w.0 as usize))?;
