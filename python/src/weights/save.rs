@@ -364,6 +364,9 @@ fn snapshot(
         }
     }
     let stream = py.detach(|| gpufeed::Stream::new(device)).py()?;
+    // Unbounded (the bound holds every piece): one batch, one allocation
+    // for all its device pieces (freed with the last one written).
+    let one_area = todo.iter().map(|p| p.2).sum::<u64>() <= bound;
     let mut next = 0;
     while next < todo.len() {
         // A batch: the pieces that fit the room the writer leaves (at
@@ -392,7 +395,7 @@ fn snapshot(
             batch.push(todo[next]);
             next += 1;
         }
-        let pieces = take_batch(py, device, &stream, srcs, &batch)?;
+        let pieces = take_batch(py, device, &stream, srcs, &batch, one_area)?;
         shared.lock().held += bytes;
         for p in pieces {
             if tx.send(p).is_err() {
@@ -413,6 +416,7 @@ fn take_batch(
     stream: &gpufeed::Stream,
     srcs: &[Src],
     batch: &[(usize, u64, u64)],
+    one_area: bool,
 ) -> PyResult<Vec<Piece>> {
     // The device arrays' memory, taken out for the copies.
     let mut held: Vec<(usize, DevMem)> = Vec::new();
@@ -443,7 +447,7 @@ fn take_batch(
                 Src::Array(_) => None,
             })
             .collect();
-        py.detach(|| copy_batch(device, stream, &held, &hosts, batch))
+        py.detach(|| copy_batch(device, stream, &held, &hosts, batch, one_area))
             .py()
     });
     for (i, m) in held {
@@ -460,6 +464,7 @@ fn copy_batch(
     held: &[(usize, DevMem)],
     hosts: &[(usize, u64, usize)],
     batch: &[(usize, u64, u64)],
+    one_area: bool,
 ) -> gpufeed::Result<Vec<Piece>> {
     let mut out: Vec<Piece> = Vec::with_capacity(batch.len());
     let mut device_pieces: Vec<(usize, u64, u64)> = Vec::new();
@@ -484,19 +489,48 @@ fn copy_batch(
             device_pieces.push((i, off, len));
         }
     }
+    if one_area {
+        // One allocation for the whole snapshot, each piece a range of it.
+        let total: u64 = device_pieces.iter().map(|p| p.2).sum();
+        let buf = DeviceBuffer::<u8>::new(device, total as usize)?;
+        let mut ranges = Vec::with_capacity(device_pieces.len());
+        let mut at = 0usize;
+        for &(_, _, len) in &device_pieces {
+            ranges.push(at..at + len as usize);
+            at += len as usize;
+        }
+        let sources = sources_of(held, &device_pieces)?;
+        let (buf, ()) = stream
+            .run_sync(buf, |c, b| {
+                let whole = b.view_mut();
+                for (r, &src) in ranges.iter().zip(&sources) {
+                    if r.is_empty() {
+                        continue;
+                    }
+                    let dst = whole.range(r.clone())?;
+                    // SAFETY: as below: `src` lies in a device array's
+                    // memory, taken out of it for this call.
+                    let s = unsafe { gpufeed::interop::device_slice::<u8>(device, src, r.len()) };
+                    c.copy_d2d(s, dst)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.error)?;
+        let buf = std::sync::Arc::new(buf);
+        for ((i, off, _), r) in device_pieces.into_iter().zip(ranges) {
+            out.push(Piece {
+                tensor: i,
+                offset: off,
+                data: Snapshot::Shared(buf.clone(), r),
+            });
+        }
+        return Ok(out);
+    }
     let mut bufs = Vec::with_capacity(device_pieces.len());
     for &(_, _, len) in &device_pieces {
         bufs.push(DeviceBuffer::<u8>::new(device, len as usize)?);
     }
-    let sources: Vec<u64> = device_pieces
-        .iter()
-        .map(|&(i, off, _)| {
-            held.iter()
-                .find(|(j, _)| *j == i)
-                .map(|(_, m)| m.addr() + off)
-                .ok_or_else(|| gpufeed::Error::Internal("a device piece without memory".into()))
-        })
-        .collect::<gpufeed::Result<_>>()?;
+    let sources = sources_of(held, &device_pieces)?;
     let (bufs, ()) = stream
         .run_sync(bufs, |c, bufs| {
             for (b, &src) in bufs.iter_mut().zip(&sources) {
@@ -521,4 +555,17 @@ fn copy_batch(
         });
     }
     Ok(out)
+}
+
+/// The device address of each device piece's bytes.
+fn sources_of(held: &[(usize, DevMem)], pieces: &[(usize, u64, u64)]) -> gpufeed::Result<Vec<u64>> {
+    pieces
+        .iter()
+        .map(|&(i, off, _)| {
+            held.iter()
+                .find(|(j, _)| *j == i)
+                .map(|(_, m)| m.addr() + off)
+                .ok_or_else(|| gpufeed::Error::Internal("a device piece without memory".into()))
+        })
+        .collect()
 }

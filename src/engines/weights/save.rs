@@ -276,6 +276,9 @@ pub enum Snapshot {
     Device(DeviceBuffer<u8>),
     /// Host memory (written with `pwrite`).
     Host(Vec<u8>),
+    /// A range of device memory shared with other chunks (one allocation
+    /// for a whole snapshot: freed with its last chunk).
+    Shared(std::sync::Arc<DeviceBuffer<u8>>, std::ops::Range<usize>),
 }
 
 impl Snapshot {
@@ -284,6 +287,7 @@ impl Snapshot {
         match self {
             Snapshot::Device(b) => b.len(),
             Snapshot::Host(v) => v.len(),
+            Snapshot::Shared(_, r) => r.end.saturating_sub(r.start),
         }
     }
 
@@ -422,6 +426,10 @@ impl CheckpointWriter {
             Snapshot::Device(b) => self
                 .staging
                 .write_file_blocking(b, file, at)
+                .map_err(named)?,
+            Snapshot::Shared(b, r) => self
+                .staging
+                .write_file_with_blocking(b, r.clone(), file, at)
                 .map_err(named)?,
             Snapshot::Host(v) => {
                 use std::os::unix::fs::FileExt;
