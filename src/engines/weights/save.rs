@@ -437,7 +437,12 @@ impl CheckpointWriter {
                     .map_err(|e| FileError::io(&f.path, e))?;
             }
         }
-        self.left[shard] -= len;
+        self.left[shard] = self.left[shard].checked_sub(len).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "shard {} got more bytes than its tensors hold (a chunk written twice?)",
+                self.plan.shards[shard].name
+            ))
+        })?;
         if self.left[shard] == 0 {
             self.commit(shard)?;
         }
