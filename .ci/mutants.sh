@@ -82,6 +82,25 @@ checks() {
   safetensors-cut-short-checks-the-length)
     echo "$pytest/test_files.py -k test_a_tensor_cut_short_at_a_nonzero_offset_is_an_os_error_for_load_and_loader"
     ;;
+  weights-dma-joins-apart-pieces)
+    echo "cargo test -q -p gpufeed --test weights -- --exact many_files_and_gathered_pieces_land_byte_for_byte::cpu"
+    ;;
+  weights-slice-wrong-rank-offset)
+    echo "cargo test -q -p gpufeed --test weights -- --exact checkpoints_load_whole_and_sliced_for_2_and_4_ranks::cpu"
+    echo "$pytest/test_weights.py -k test_each_rank_gets_its_slice_and_reads_its_share_of_the_bytes"
+    ;;
+  weights-into-unchecked)
+    echo "$pytest/test_weights.py -k test_a_mismatched_into_writes_nothing_and_names_the_tensor"
+    ;;
+  weights-failed-save-keeps-temporary)
+    echo "$pytest/test_weights.py -k test_a_disk_that_fills_returns_the_error_through_the_handle_and_leaves_no_file"
+    ;;
+  weights-index-before-shards)
+    echo "$pytest/test_weights.py -k test_a_kill_during_a_save_leaves_the_previous_checkpoint_readable"
+    ;;
+  weights-snapshot-not-copied)
+    echo "$pytest/test_weights.py -k test_tensors_changed_as_soon_as_save_async_returns_are_saved_as_they_were"
+    ;;
   vec-is-pinned)
     # rustdoc checks compile_fail error codes only with RUSTC_BOOTSTRAP.
     echo "env RUSTC_BOOTSTRAP=1 cargo test -q -p gpufeed --doc guarantees"

@@ -73,10 +73,13 @@ pub use engines::pipeline::{
     AUTO_CHUNK_COST_BYTES, MAX_STREAMS,
 };
 pub use engines::staging::{
-    cached_share, FileIo, FilePiece, Route, StagedCopy, Staging, StagingConfig, DEFAULT_BLOCKS,
-    DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW, DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS,
-    DIRECT_IO_ALIGN, MAX_STAGING_THREADS, PROBE_SAMPLES,
+    cached_share, FileIo, FilePiece, FileRange, ReadTarget, Route, StagedCopy, Staging,
+    StagingConfig, DEFAULT_BLOCKS, DEFAULT_BLOCK_BYTES, DEFAULT_DIRECT_D2H_BELOW,
+    DEFAULT_DIRECT_H2D_BELOW, DEFAULT_MAX_THREADS, DIRECT_IO_ALIGN, MAX_STAGING_THREADS,
+    PROBE_SAMPLES,
 };
+/// Model weights: checkpoints of safetensors shards in and out (see the module).
+pub use engines::weights;
 pub use io::gds::{gds_status, GdsStatus};
 /// Kernel declarations: the macro, the parameter types, the thread indices.
 pub use kernel_abi;

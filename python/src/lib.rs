@@ -31,6 +31,7 @@ pub mod loader;
 pub mod ops;
 pub mod pipe;
 pub mod staging;
+pub mod weights;
 
 use convert::*;
 
@@ -133,6 +134,7 @@ fn gpufeed_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::to_host_async, m)?)?;
     m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;
+    weights::register(m)?;
     m.add(
         "DTYPES",
         dtype::ALL.iter().map(|d| d.name()).collect::<Vec<_>>(),

@@ -396,7 +396,7 @@ fn value_fields(
 
 /// This process's (rank, world size, local rank) under torch.distributed
 /// or torchrun, or the explicit arguments.
-fn distributed(
+pub(crate) fn distributed(
     py: Python<'_>,
     rank: Option<usize>,
     world_size: Option<usize>,

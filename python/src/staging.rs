@@ -69,16 +69,16 @@ pub(crate) fn engine_for(py: Python<'_>, device: &gpufeed::Device) -> PyResult<g
 /// that isn't the caller's object (NumPy's view of a PyTorch tensor), and
 /// the dtype when the view's format doesn't say it (a bfloat16 tensor,
 /// seen as int16).
-struct Exported<'py> {
-    view: ContiguousView,
-    keep: Option<Bound<'py, PyAny>>,
-    dtype: Option<DType>,
+pub(crate) struct Exported<'py> {
+    pub(crate) view: ContiguousView,
+    pub(crate) keep: Option<Bound<'py, PyAny>>,
+    pub(crate) dtype: Option<DType>,
 }
 
 /// A C-contiguous view of `obj`: its own buffer export, or, for objects
 /// without one (a PyTorch CPU tensor), NumPy's view of it (no copy; a
 /// non-contiguous tensor is refused, never copied).
-fn contiguous<'py>(obj: &Bound<'py, PyAny>, writable: bool) -> PyResult<Exported<'py>> {
+pub(crate) fn contiguous<'py>(obj: &Bound<'py, PyAny>, writable: bool) -> PyResult<Exported<'py>> {
     let first = match ContiguousView::get(obj, writable) {
         Ok(view) => {
             return Ok(Exported {
@@ -177,7 +177,7 @@ fn exposes(obj: &Bound<'_, PyAny>, ptr: usize) -> bool {
 /// The dtype of a view, from its format; `TypeError` naming `what` (the
 /// call and its argument) for elements that are not plain numbers of a
 /// device dtype (Python objects, structured or byte-swapped fields).
-fn dtype_of(host: &Exported<'_>, what: &str) -> PyResult<DType> {
+pub(crate) fn dtype_of(host: &Exported<'_>, what: &str) -> PyResult<DType> {
     let view = &host.view;
     if let Some(d) = host.dtype {
         return Ok(d);

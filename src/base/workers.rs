@@ -106,6 +106,13 @@ enum What {
         parts: usize,
         count: usize,
     },
+    /// As `ReadParts`, in the pieces of a buffered read (a copy's sizes):
+    /// many small parts of a file gathered into one block.
+    ReadScattered {
+        file: usize,
+        parts: usize,
+        count: usize,
+    },
     /// Writes `src` to the file (as for `Read`) at offset `at` (`pwrite`).
     Write { file: usize, at: u64, src: usize },
     /// Gathers rows into `dst`: destination row `r` is the `row_bytes`
@@ -246,6 +253,33 @@ impl CopyWorkers {
             .map(|p| (p.at, p.dst.as_mut_ptr() as usize, p.dst.len()))
             .collect();
         let what = What::ReadParts {
+            file: file as *const std::fs::File as usize,
+            parts: raw.as_ptr() as usize,
+            count: raw.len(),
+        };
+        // SAFETY: every destination is borrowed exclusively (through
+        // `parts`) for the call, `raw` and the file too.
+        unsafe { self.run(what, len) }
+    }
+
+    /// Fills each destination of `parts` from `file` at its offset, in
+    /// parallel buffered `pread`s of a copy's piece sizes taken in order
+    /// over all of them (a piece reads the parts its byte range covers):
+    /// the many small reads of a gathered block.
+    ///
+    /// # Errors
+    /// As [`CopyWorkers::read`].
+    pub(crate) fn read_scattered(
+        &self,
+        file: &std::fs::File,
+        parts: &mut [ReadPart<'_>],
+    ) -> Result<()> {
+        let len = parts.iter().map(|p| p.dst.len()).sum();
+        let raw: Vec<(u64, usize, usize)> = parts
+            .iter_mut()
+            .map(|p| (p.at, p.dst.as_mut_ptr() as usize, p.dst.len()))
+            .collect();
+        let what = What::ReadScattered {
             file: file as *const std::fs::File as usize,
             parts: raw.as_ptr() as usize,
             count: raw.len(),
@@ -470,7 +504,7 @@ fn do_piece(s: &Shared, job: Job, index: usize) -> Result<()> {
                 };
                 read_exact_at(file, buf, at + start as u64)
             }
-            What::ReadParts { file, parts, count } => {
+            What::ReadParts { file, parts, count } | What::ReadScattered { file, parts, count } => {
                 // SAFETY: the caller of `read_parts` holds the parts (raw
                 // `(at, dst, len)` triples), their destinations (exclusively)
                 // and the file borrowed until every piece is done; pieces are

@@ -63,7 +63,7 @@ use crate::base::completion::{lock, Completion};
 use crate::base::error::{byte_size, Error, Result};
 pub use crate::io::direct_io::{cached_share, FileIo, DIRECT_IO_ALIGN, PROBE_SAMPLES};
 use crate::runtime::device::Device;
-use crate::runtime::memory::{DeviceBuffer, InFlight};
+use crate::runtime::memory::{DeviceBuffer, DeviceSliceMut, InFlight};
 use crate::runtime::pool::{PinnedPool, PoolStats, PooledBuffer};
 use crate::runtime::stream::Stream;
 use bytemuck::Pod;
@@ -124,7 +124,7 @@ unsafe fn direct_copy(device: &Device, dir: Dir, dev: u64, total: usize) -> Resu
         Dir::H2d(src) => unsafe { backend.copy_h2d_sync(dev, src, total) },
         // SAFETY: as above.
         Dir::D2h(dst) => unsafe { backend.copy_d2h_sync(dst, dev, total) },
-        Dir::FileIn { .. } | Dir::FileOut { .. } => Err(Error::Internal(
+        Dir::FileIn | Dir::FileOut { .. } => Err(Error::Internal(
             "a file copy taking the direct route".into(),
         )),
     }
@@ -627,77 +627,129 @@ impl Staging {
         let elem = std::mem::size_of::<T>();
         let mut check = Ok(());
         let mut segs: Vec<Seg<'a>> = Vec::with_capacity(pieces.len());
-        let mut total = 0usize;
         for FilePiece { at, dst, range } in pieces {
             let dst: &'a DeviceBuffer<T> = dst;
             let len = range.end.saturating_sub(range.start);
             let (device, addr, in_flight) = dst.staging_parts();
             let ok = ordered(&range, dst.len())
                 .and_then(|()| self.check_range(dst, range.start, len))
-                .and_then(|()| self.same_device(device))
-                .and_then(|()| {
-                    at.checked_add((len * elem) as u64)
-                        .map(|_| ())
-                        .ok_or_else(|| {
-                            Error::InvalidArgument(format!(
-                                "a file piece of {} bytes at offset {at} ends past u64::MAX",
-                                len * elem
-                            ))
-                        })
-                });
-            if let Err(e) = ok {
+                .and_then(|()| self.same_device(device));
+            match ok {
+                Ok(()) => segs.push(Seg {
+                    file: 0,
+                    file_at: at,
+                    dev: addr + (range.start * elem) as u64,
+                    len: len * elem,
+                    start: 0,
+                    run_end: 0,
+                    join_end: 0,
+                    in_flight: Some(in_flight),
+                }),
+                Err(e) => {
+                    if check.is_ok() {
+                        check = Err(e);
+                    }
+                }
+            }
+        }
+        self.file_read(vec![file], segs, check, io)
+    }
+
+    /// The read of `segs` (their `start`, `run_end` and `join_end` filled
+    /// in here; each names its file by index in `files`) as one copy:
+    /// refused with `check`'s error, or for a piece whose file range ends
+    /// past `u64::MAX`; each file's way (`io`) chosen once.
+    fn file_read<'a>(
+        &'a self,
+        files: Vec<&'a std::fs::File>,
+        segs: Vec<Seg<'a>>,
+        mut check: Result<()>,
+        io: FileIo,
+    ) -> StagedCopy<'a> {
+        let mut kept: Vec<Seg<'a>> = Vec::with_capacity(segs.len());
+        let mut total = 0usize;
+        for mut g in segs {
+            if g.file_at.checked_add(g.len as u64).is_none() {
                 if check.is_ok() {
-                    check = Err(e);
+                    check = Err(Error::InvalidArgument(format!(
+                        "a file piece of {} bytes at offset {} ends past u64::MAX",
+                        g.len, g.file_at
+                    )));
                 }
                 continue;
             }
-            let bytes = len * elem;
-            if bytes == 0 {
+            if g.len == 0 {
                 continue;
             }
-            segs.push(Seg {
-                file_at: at,
-                dev: addr + (range.start * elem) as u64,
-                len: bytes,
-                start: total,
-                run_end: 0,
-                in_flight,
-            });
-            total = total.saturating_add(bytes);
+            g.start = total;
+            total = total.saturating_add(g.len);
+            kept.push(g);
         }
-        // Runs: pieces that follow each other in the file.
+        let mut segs = kept;
+        // Runs: pieces that follow each other in one file; joins: pieces of
+        // one file that follow each other in the file or on the device (a
+        // gathered block holds such a chain: one read each, one DMA).
         for i in (0..segs.len()).rev() {
-            let joins = segs
-                .get(i + 1)
-                .is_some_and(|n| segs[i].file_at + segs[i].len as u64 == n.file_at);
-            segs[i].run_end = if joins {
-                segs[i + 1].run_end
+            let (file_next, dev_next) = match segs.get(i + 1) {
+                Some(n) if n.file == segs[i].file => (
+                    segs[i].file_at + segs[i].len as u64 == n.file_at,
+                    segs[i].dev + segs[i].len as u64 == n.dev,
+                ),
+                _ => (false, false),
+            };
+            let end = segs[i].start + segs[i].len;
+            segs[i].run_end = if file_next { segs[i + 1].run_end } else { end };
+            segs[i].join_end = if file_next || dev_next {
+                segs[i + 1].join_end
             } else {
-                segs[i].start + segs[i].len
+                end
             };
         }
         let dev = segs.first().map_or(0, |g| g.dev);
-        let mut copy = StagedCopy::new(&self.engine, Dir::FileIn { file }, dev, total, None);
+        let mut copy = StagedCopy::new(&self.engine, Dir::FileIn, dev, total, None);
         copy.fail_unless(check);
+        copy.waits_on_drop = segs.iter().any(|g| g.in_flight.is_none());
         copy.segs = segs;
+        copy.files = files
+            .into_iter()
+            .map(|f| FileSrc {
+                file: f,
+                direct: None,
+                gds: None,
+            })
+            .collect();
         if matches!(copy.state, State::Running) && total > 0 {
-            match crate::io::direct_io::choose(file, io, self.engine.config.block_bytes) {
-                Ok(direct) => {
-                    copy.file_io = Some(if direct.is_some() {
-                        FileIo::Direct
-                    } else {
-                        FileIo::Buffered
-                    });
-                    // A direct read goes through cuFile where GPUDirect
-                    // Storage is available and the file system supported.
-                    if let Some(d) = &direct {
-                        if crate::io::gds::gds_status(&self.engine.device).is_available() {
-                            copy.gds = crate::io::gds::Registered::new(d).ok();
+            let gds_here = io == FileIo::Direct
+                && crate::io::gds::gds_status(&self.engine.device).is_available();
+            let mut all_gds = gds_here;
+            for f in &mut copy.files {
+                match crate::io::direct_io::choose(f.file, io, self.engine.config.block_bytes) {
+                    Ok(direct) => {
+                        // A direct read goes through cuFile where GPUDirect
+                        // Storage is available and every file's system is
+                        // supported.
+                        if let (Some(d), true) = (&direct, gds_here) {
+                            f.gds = crate::io::gds::Registered::new(d).ok();
                         }
+                        all_gds &= f.gds.is_some();
+                        f.direct = direct;
                     }
-                    copy.direct = direct;
+                    Err(e) => {
+                        copy.fail_unless(Err(e));
+                        break;
+                    }
                 }
-                Err(e) => copy.fail_unless(Err(e)),
+            }
+            if matches!(copy.state, State::Running) {
+                copy.file_io = Some(if copy.files.iter().any(|f| f.direct.is_some()) {
+                    FileIo::Direct
+                } else {
+                    FileIo::Buffered
+                });
+                copy.gds = all_gds;
+                if !all_gds {
+                    copy.files.iter_mut().for_each(|f| f.gds = None);
+                }
             }
         }
         copy
@@ -977,10 +1029,8 @@ fn ordered(range: &std::ops::Range<usize>, len: usize) -> Result<()> {
 enum Dir {
     H2d(*const u8),
     D2h(*mut u8),
-    /// From a file (borrowed); the pieces are the copy's `segs`.
-    FileIn {
-        file: *const std::fs::File,
-    },
+    /// From files (the copy's `files`); the pieces are its `segs`.
+    FileIn,
     /// To a file (borrowed), from offset `at`.
     FileOut {
         file: *const std::fs::File,
@@ -991,7 +1041,7 @@ enum Dir {
 impl Dir {
     /// Toward the device.
     fn is_upload(self) -> bool {
-        matches!(self, Dir::H2d(_) | Dir::FileIn { .. })
+        matches!(self, Dir::H2d(_) | Dir::FileIn)
     }
 }
 
@@ -999,6 +1049,8 @@ impl Dir {
 /// one byte: `len` bytes of the file from `file_at` to device address
 /// `dev`.
 struct Seg<'a> {
+    /// Its file: an index in the copy's `files`.
+    file: usize,
     file_at: u64,
     dev: u64,
     len: usize,
@@ -1007,8 +1059,21 @@ struct Seg<'a> {
     /// Where the run of pieces holding it (following each other in the
     /// file) ends, as an offset in the copy: a block never crosses it.
     run_end: usize,
-    /// Its buffer's record of staged DMAs.
-    in_flight: &'a InFlight,
+    /// Where the chain of pieces holding it ends (pieces of its file that
+    /// follow each other in the file or on the device): a gathered block
+    /// never crosses it.
+    join_end: usize,
+    /// Its buffer's record of staged DMAs; `None` for a slice of device
+    /// memory (the copy then waits for its DMAs when dropped).
+    in_flight: Option<&'a InFlight>,
+}
+
+/// A file of a read: borrowed for the copy's life, with the `O_DIRECT`
+/// descriptor of a direct read and its cuFile registration.
+struct FileSrc<'a> {
+    file: &'a std::fs::File,
+    direct: Option<std::fs::File>,
+    gds: Option<crate::io::gds::Registered>,
 }
 
 /// One piece of a file read by [`Staging::read_file_pieces`]: the file's
@@ -1047,9 +1112,14 @@ pub struct FilePiece<'a, T: Pod> {
 /// `off` (file offset `file_at`), landing at `skew` in the block.
 #[derive(Clone, Copy)]
 struct BlockPlan {
+    /// The file (an index in the copy's `files`).
+    file: usize,
     file_at: u64,
     skew: usize,
     len: usize,
+    /// A gathered block: several pieces of the file that follow each other
+    /// on the device (one read each, buffered, one DMA).
+    gather: bool,
 }
 
 /// A block lent to a copy, with the completion of its DMA.
@@ -1107,10 +1177,14 @@ pub struct StagedCopy<'a> {
     /// A file read: the way chosen ([`FileIo::Buffered`] or
     /// [`FileIo::Direct`]).
     file_io: Option<FileIo>,
-    /// The file reopened with `O_DIRECT` (reads of [`FileIo::Direct`]).
-    direct: Option<std::fs::File>,
-    /// That file registered with cuFile: read by GPUDirect Storage.
-    gds: Option<crate::io::gds::Registered>,
+    /// A file read's files (each reopened with `O_DIRECT` for reads of
+    /// [`FileIo::Direct`]).
+    files: Vec<FileSrc<'a>>,
+    /// Every file registered with cuFile: read by GPUDirect Storage.
+    gds: bool,
+    /// Some piece lands in a slice of device memory that keeps no record
+    /// of staged DMAs: dropping the copy waits for the DMAs it issued.
+    waits_on_drop: bool,
     /// Borrows of the host slice and the device buffer (`Dir` holds the
     /// host pointer).
     _borrow: PhantomData<&'a mut [u8]>,
@@ -1149,8 +1223,9 @@ impl<'a> StagedCopy<'a> {
             filled: None,
             state: State::Running,
             file_io: None,
-            direct: None,
-            gds: None,
+            files: Vec::new(),
+            gds: false,
+            waits_on_drop: false,
             _borrow: PhantomData,
         }
     }
@@ -1165,18 +1240,18 @@ impl<'a> StagedCopy<'a> {
     /// Whether this file read goes by GPUDirect Storage (cuFile, straight
     /// into device memory) rather than through the ring.
     pub fn uses_gds(&self) -> bool {
-        self.gds.is_some()
+        self.gds
     }
 
     /// The whole read by cuFile, synchronously.
     fn read_by_gds(&mut self) -> Result<()> {
-        let (Some(gds), Dir::FileIn { .. }) = (&self.gds, self.dir) else {
-            return Err(Error::Internal(
-                "a GPUDirect Storage read without a handle".into(),
-            ));
-        };
         crate::backend::cuda::bind(&*self.engine.device.backend)?;
         for seg in &self.segs {
+            let Some(gds) = self.files.get(seg.file).and_then(|f| f.gds.as_ref()) else {
+                return Err(Error::Internal(
+                    "a GPUDirect Storage read without a handle".into(),
+                ));
+            };
             // SAFETY: each piece's device range was checked against its
             // buffer, borrowed exclusively for the copy (its earlier staged
             // DMAs were settled when the copy started); the engine's context
@@ -1201,37 +1276,58 @@ impl<'a> StagedCopy<'a> {
         let file_at = seg.file_at + (off - seg.start) as u64;
         let left = seg.run_end - off;
         let block_bytes = self.engine.config.block_bytes;
-        if self.direct.is_some() {
+        if seg.join_end > seg.run_end && left < block_bytes {
+            // The run ends inside the block and the pieces after it land
+            // right after it on the device: gathered into this block.
+            return BlockPlan {
+                file: seg.file,
+                file_at,
+                skew: 0,
+                len: (seg.join_end - off).min(block_bytes),
+                gather: true,
+            };
+        }
+        if self.files[seg.file].direct.is_some() {
             let align = DIRECT_IO_ALIGN as usize;
             let skew = (file_at % DIRECT_IO_ALIGN) as usize;
             let cap = block_bytes - block_bytes % align;
             BlockPlan {
+                file: seg.file,
                 file_at,
                 skew,
                 len: left.min(cap - skew),
+                gather: false,
             }
         } else {
             BlockPlan {
+                file: seg.file,
                 file_at,
                 skew: 0,
                 len: left.min(block_bytes),
+                gather: false,
             }
         }
     }
 
     /// The blocks the next fill of a file read covers: one for a buffered
-    /// read; for a direct one, half the ring (at least one), read in one
-    /// job of large requests while the DMAs of the other half run.
+    /// read or a gathered block; for a direct one, up to half the ring (at
+    /// least one) of one file, read in one job of large requests while the
+    /// DMAs of the other half run.
     fn plan_fill(&self) -> Vec<BlockPlan> {
-        let most = if self.direct.is_some() {
+        let first = self.plan_block(self.next);
+        let most = if !first.gather && self.files[first.file].direct.is_some() {
             (self.engine.config.blocks / 2).max(1)
         } else {
             1
         };
         let mut plans = Vec::with_capacity(most);
-        let mut off = self.next;
+        let mut off = self.next + first.len;
+        plans.push(first);
         while plans.len() < most && off < self.total {
             let p = self.plan_block(off);
+            if p.gather || p.file != first.file {
+                break;
+            }
             off += p.len;
             plans.push(p);
         }
@@ -1280,7 +1376,7 @@ impl<'a> StagedCopy<'a> {
         let below = match self.dir {
             Dir::H2d(_) => c.direct_h2d_below,
             Dir::D2h(_) => c.direct_d2h_below,
-            Dir::FileIn { .. } | Dir::FileOut { .. } => return Route::Staged,
+            Dir::FileIn | Dir::FileOut { .. } => return Route::Staged,
         };
         c.route_for(self.total, below)
     }
@@ -1295,12 +1391,22 @@ impl<'a> StagedCopy<'a> {
 
     /// Fills `blocks` from the file as `plans` say (one plan each).
     fn fill_file(&self, blocks: &mut [PooledBuffer<u8>], plans: &[BlockPlan]) -> Result<()> {
-        let Dir::FileIn { file } = self.dir else {
+        let Some(first) = plans.first() else {
+            return Ok(());
+        };
+        let Some(src) = self.files.get(first.file) else {
             return Err(Error::Internal("fill_file of a copy from memory".into()));
         };
-        // SAFETY: the file is borrowed for the future's life.
-        let file = unsafe { &*file };
-        match &self.direct {
+        let file = src.file;
+        if first.gather {
+            // One gathered block (plans of a fill after a gathered one are
+            // never planned): the pieces at `next`, one read each.
+            let Some(block) = blocks.first_mut() else {
+                return Ok(());
+            };
+            return self.fill_gathered(file, self.next, &mut block.as_mut_slice()[..first.len]);
+        }
+        match &src.direct {
             Some(direct) => {
                 let mut reads: Vec<crate::io::direct_io::DirectBlock<'_>> = blocks
                     .iter_mut()
@@ -1338,7 +1444,7 @@ impl<'a> StagedCopy<'a> {
                 let file = unsafe { &*file };
                 self.engine.workers.write(file, at + off as u64, block)
             }
-            Dir::H2d(_) | Dir::FileIn { .. } => {
+            Dir::H2d(_) | Dir::FileIn => {
                 Err(Error::Internal("drain of a copy toward the device".into()))
             }
         }
@@ -1386,7 +1492,7 @@ impl<'a> StagedCopy<'a> {
     /// Sends `block` (filled for H2D) or fetches into it (D2H), for the
     /// piece at `self.next`, and records its completion.
     fn issue(&mut self, block: PooledBuffer<u8>, skew: usize, len: usize) -> Result<()> {
-        if let Dir::FileIn { .. } = self.dir {
+        if let Dir::FileIn = self.dir {
             return self.issue_file(block, skew, len);
         }
         let off = self.next;
@@ -1460,40 +1566,53 @@ impl<'a> StagedCopy<'a> {
         let off = self.next;
         let engine = self.engine.clone();
         let raw = engine.h2d.raw();
-        let mut touched = Vec::new();
+        // The pieces the block covers touched by an issued DMA: `first..i`.
+        let first = self.seg_at(off);
         let mut issued = Ok(());
-        let (mut i, mut pos) = (self.seg_at(off), off);
+        let (mut i, mut pos) = (first, off);
         while pos < off + len {
-            let seg = &self.segs[i];
-            let n = (seg.start + seg.len).min(off + len) - pos;
+            // One DMA for the pieces that follow each other on the device.
+            let dev = self.segs[i].dev + (pos - self.segs[i].start) as u64;
+            let from = pos;
+            let mut j = i;
+            loop {
+                let seg = &self.segs[j];
+                pos = (seg.start + seg.len).min(off + len);
+                j += 1;
+                let next_follows = self.segs.get(j).is_some_and(|n| {
+                    pos < off + len && seg.dev + seg.len as u64 == n.dev && n.start == pos
+                });
+                if !next_follows {
+                    break;
+                }
+            }
             // SAFETY: the block is pinned memory of the engine, held in
             // `ring` (or deferred to the ring) until the completion recorded
             // after these DMAs fires; `skew + len` lies within it (the fill
-            // put the plan's `len` bytes at `skew`); the device range lies in
-            // the piece's borrowed buffer (checked when the read was made),
-            // whose `in_flight` record keeps its next use and its free behind
-            // the completion.
-            issued = unsafe {
-                raw.copy_h2d(
-                    seg.dev + (pos - seg.start) as u64,
-                    block.ptr().add(skew + pos - off),
-                    n,
-                )
-            };
+            // put the plan's `len` bytes at `skew`); the device range is the
+            // pieces `i..j`, which follow each other on the device, each in
+            // its borrowed buffer or slice (checked when the read was made),
+            // whose `in_flight` record (or the copy's wait on drop) keeps its
+            // next use and its free behind the completion.
+            issued = unsafe { raw.copy_h2d(dev, block.ptr().add(skew + from - off), pos - from) };
             if issued.is_err() {
                 break;
             }
-            touched.push(i);
-            pos += n;
-            i += 1;
+            i = j;
         }
-        if touched.is_empty() {
+        if i == first {
             self.engine.give_back(block);
             return issued;
         }
         let done = self.ring_block(raw, block, len)?;
-        for &i in &touched {
-            self.segs[i].in_flight.push(done.clone());
+        let mut noted: Option<*const InFlight> = None;
+        for seg in &self.segs[first..i] {
+            if let Some(f) = seg.in_flight {
+                if noted != Some(f as *const InFlight) {
+                    f.push(done.clone());
+                    noted = Some(f);
+                }
+            }
         }
         issued
     }
@@ -1688,12 +1807,12 @@ impl Future for StagedCopy<'_> {
             }
             State::Running => this.state = State::Running,
         }
-        let polled = if this.next == 0 && this.ring.is_empty() && this.gds.is_some() {
+        let polled = if this.next == 0 && this.ring.is_empty() && this.gds {
             Poll::Ready(this.read_by_gds())
         } else if this.next == 0 && this.ring.is_empty() && this.route() == Route::Direct {
             Poll::Ready(this.direct())
         } else {
-            if let Dir::FileIn { .. } = this.dir {
+            if let Dir::FileIn = this.dir {
                 this.poll_file_in(cx)
             } else if this.dir.is_upload() {
                 this.poll_h2d(cx)
@@ -1710,6 +1829,13 @@ impl Future for StagedCopy<'_> {
 
 impl Drop for StagedCopy<'_> {
     fn drop(&mut self) {
+        // A read into slices of device memory (no record of staged DMAs):
+        // its DMAs end before the borrow of those slices does.
+        if self.waits_on_drop {
+            for slot in &self.ring {
+                let _ = slot.done.block();
+            }
+        }
         // DMAs still running read or write only their blocks and the device
         // buffer (which records them): the blocks go back when each is done.
         while let Some(slot) = self.ring.pop_front() {
@@ -1723,6 +1849,231 @@ impl Drop for StagedCopy<'_> {
         if let Some((b, _)) = self.filled.take() {
             self.engine.give_back(b);
         }
+    }
+}
+
+// ---------------------------------------------------------------------
+// Reads of many files into buffers or slices ([`Staging::read_files`]).
+//
+// Reads of many files through one staging engine, into buffers or slices
+// of device memory ([`Staging::read_files`]): a model's shards in one
+// stream through the ring, and strided pieces of a file (a column slice of
+// a tensor) gathered into whole blocks before their DMA.
+//
+// The pieces of one read are planned as [`Staging::read_file_pieces`]
+// plans its pieces: a block holds pieces that follow each other in one
+// file (one `pread` for them, split among the workers), and never spans
+// two files, so the ring stays full from one file into the next (the
+// reads of the next file's first block overlap the DMA of the last
+// block of the file before). Pieces of one file that follow each other on
+// the device but not in the file (the rows of a column slice) are
+// gathered: one block holds as many of them as it fits, each read by its
+// own buffered `pread` (many in flight, spread over the workers), then
+// sent by one DMA. A direct read ([`FileIo::Direct`]) reads gathered
+// blocks buffered too: their pieces are not aligned.
+
+/// Where a [`Staging::read_files`] lands: a device buffer (its record of
+/// staged DMAs keeps its next use and its free behind them, as for every
+/// staged copy) or a slice of device memory (a foreign allocation, say):
+/// a read into slices waits, when dropped unfinished, for the DMAs it
+/// issued (at most a ring of blocks), so none writes the slice after the
+/// borrow ends.
+pub struct ReadTarget<'a> {
+    addr: u64,
+    bytes: usize,
+    device_id: usize,
+    in_flight: Option<&'a InFlight>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> ReadTarget<'a> {
+    /// The whole of `buf`, borrowed exclusively for the read.
+    pub fn buffer<T: Pod>(buf: &'a mut DeviceBuffer<T>) -> ReadTarget<'a> {
+        let (device, addr, in_flight) = buf.staging_parts();
+        ReadTarget {
+            addr,
+            bytes: std::mem::size_of::<T>() * buf.len(),
+            device_id: device.id(),
+            in_flight: Some(in_flight),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// A slice of device memory (a buffer's `view_mut`, or foreign memory
+    /// through [`crate::interop::device_slice_mut`]), borrowed for the
+    /// read.
+    pub fn slice<T: Pod>(s: DeviceSliceMut<'a, T>) -> ReadTarget<'a> {
+        ReadTarget {
+            addr: s.addr,
+            bytes: std::mem::size_of::<T>() * s.len,
+            device_id: s.device_id,
+            in_flight: None,
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+/// One piece of a [`Staging::read_files`]: `len` bytes of `file` from
+/// offset `at` into target number `target` from byte `offset`.
+#[derive(Clone, Copy, Debug)]
+pub struct FileRange<'a> {
+    /// The file (borrowed for the read; pieces of one file name the same
+    /// `File`).
+    pub file: &'a std::fs::File,
+    /// Offset in the file of the piece's first byte.
+    pub at: u64,
+    /// Index of its target in the read's targets.
+    pub target: usize,
+    /// Offset in the target of the piece's first byte.
+    pub offset: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+impl Staging {
+    /// Reads `ranges` (pieces of one or more files) into `targets` in one
+    /// stream through the ring, in the order given: the pieces of several
+    /// files (a model's shards) flow through the blocks without a pause
+    /// between files, and pieces of one file that follow each other on the
+    /// device (the rows of a column slice, in order) are gathered into
+    /// whole blocks, one `pread` each, one DMA per block. `io` as for
+    /// [`Staging::read_file_with`], decided per file (gathered blocks are
+    /// read buffered).
+    ///
+    /// # Errors
+    /// Every piece is checked before any byte is read: `OutOfBounds` for a
+    /// piece outside its target (or a target index past `targets`),
+    /// `InvalidArgument` for a target of another device or a file range
+    /// past `u64::MAX`. As [`Staging::read_file_with`] otherwise (a file
+    /// that ends before its last piece is full is `UnexpectedEof`; the
+    /// targets then hold unspecified data).
+    ///
+    /// # Cancel safety
+    /// As [`Staging::read_file`]; a read into slices waits, when dropped,
+    /// for the DMAs it issued (see [`ReadTarget`]).
+    pub fn read_files<'a>(
+        &'a self,
+        targets: Vec<ReadTarget<'a>>,
+        ranges: &[FileRange<'a>],
+        io: FileIo,
+    ) -> StagedCopy<'a> {
+        let device_id = self.engine.device.id();
+        let mut check = Ok(());
+        let mut fail = |e: Error| {
+            if check.is_ok() {
+                check = Err(e);
+            }
+        };
+        if targets.iter().any(|t| t.device_id != device_id) {
+            fail(Error::InvalidArgument(
+                "a read target of another device (or backend) was given to this staging engine"
+                    .into(),
+            ));
+        }
+        let mut files: Vec<&'a std::fs::File> = Vec::new();
+        let mut segs: Vec<Seg<'a>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let Some(t) = targets.get(r.target) else {
+                fail(Error::OutOfBounds {
+                    start: r.target,
+                    end: r.target.saturating_add(1),
+                    len: targets.len(),
+                });
+                continue;
+            };
+            let end = r.offset.checked_add(r.len);
+            match end {
+                Some(end) if end <= t.bytes => {}
+                _ => {
+                    fail(Error::OutOfBounds {
+                        start: r.offset,
+                        end: end.unwrap_or(usize::MAX),
+                        len: t.bytes,
+                    });
+                    continue;
+                }
+            }
+            // Files by identity: the last one first (pieces of one file
+            // usually come together).
+            let file = match files.iter().rposition(|f| std::ptr::eq(*f, r.file)) {
+                Some(i) => i,
+                None => {
+                    files.push(r.file);
+                    files.len() - 1
+                }
+            };
+            segs.push(Seg {
+                file,
+                file_at: r.at,
+                dev: t.addr + r.offset as u64,
+                len: r.len,
+                start: 0,
+                run_end: 0,
+                join_end: 0,
+                in_flight: t.in_flight,
+            });
+        }
+        self.file_read(files, segs, check, io)
+    }
+
+    /// [`Staging::read_files`] for synchronous code: returns when every
+    /// piece is on the device (or the read failed and its DMAs are over).
+    ///
+    /// # Errors
+    /// As [`Staging::read_files`].
+    pub fn read_files_blocking<'a>(
+        &'a self,
+        targets: Vec<ReadTarget<'a>>,
+        ranges: &[FileRange<'a>],
+        io: FileIo,
+    ) -> Result<()> {
+        crate::base::block::block_on(self.read_files(targets, ranges, io))
+    }
+}
+
+impl StagedCopy<'_> {
+    /// Fills `block` with the pieces of a gathered block at copy offset
+    /// `off` (all of `file`, following each other on the device): pieces
+    /// that follow each other in the file are read together, the rest each
+    /// by its own buffered `pread`, spread over the workers.
+    fn fill_gathered(&self, file: &std::fs::File, off: usize, block: &mut [u8]) -> Result<()> {
+        let len = block.len();
+        // (file offset, bytes) of each read, in block order.
+        let mut reads: Vec<(u64, usize)> = Vec::new();
+        let (mut i, mut pos) = (self.seg_at(off), off);
+        while pos < off + len {
+            let Some(seg) = self.segs.get(i) else {
+                return Err(Error::Internal(
+                    "a gathered block past the read's pieces".into(),
+                ));
+            };
+            let at = seg.file_at + (pos - seg.start) as u64;
+            let n = (seg.start + seg.len).min(off + len) - pos;
+            match reads.last_mut() {
+                Some((a, l)) if *a + *l as u64 == at => *l += n,
+                _ => reads.push((at, n)),
+            }
+            pos += n;
+            i += 1;
+        }
+        let mut parts = Vec::with_capacity(reads.len());
+        let mut rest = block;
+        for (at, n) in reads {
+            let (dst, tail) = rest.split_at_mut(n);
+            parts.push(crate::base::workers::ReadPart { at, dst });
+            rest = tail;
+        }
+        self.engine.workers.read_scattered(file, &mut parts)
     }
 }
 
