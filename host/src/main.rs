@@ -46,6 +46,19 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The block-level kernels (sum, max, scan, softmax, histogram, SGEMM,
+    /// the bf16 tensor-core GEMM) timed against the device copy, each checked.
+    KernelSet {
+        /// Bytes of the memory-bound kernels' inputs.
+        #[arg(long, default_value_t = 1 << 30)]
+        bytes: usize,
+        /// The GEMMs' size (n x n by n x n).
+        #[arg(long, default_value_t = 4096)]
+        gemm: usize,
+        /// Timed runs per kernel (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        reps: usize,
+    },
     /// Check every kernel against the CPU bit for bit; time `scale` against a device copy.
     Kernels {
         #[arg(long, default_value_t = 100_000_000)]
@@ -279,6 +292,9 @@ fn run(cli: Cli) -> gpufeed::Result<()> {
         Cmd::Demo { small } => demo::full(&rt, &device, &opts, small, &out),
         Cmd::Ptx { .. } => Ok(()),
         Cmd::Kernels { n } => demo::kernels::run(&device, n, Some(&out.join("kernels.json"))),
+        Cmd::KernelSet { bytes, gemm, reps } => {
+            demo::kernel_set::run(&device, bytes, gemm, reps, &out.join("kernel_set.json"))
+        }
         Cmd::Bandwidth { max_mib } => {
             demo::bandwidth(&device, max_mib << 20, &[64 << 20, 1 << 30], &out)
         }

@@ -7,6 +7,7 @@ pub mod compare;
 pub mod devices;
 pub mod files;
 pub mod fmt;
+pub mod kernel_set;
 pub mod kernels;
 pub mod latency;
 pub mod load;
