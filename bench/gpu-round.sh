@@ -114,6 +114,8 @@ if [ "$mode" = kernels ]; then
     tee -a "$R/logs/summary.log" < "$K/ptx${arch:+-sm80}.log"
   done
   save() { tar -C "$(dirname "$R")" -czf "$(dirname "$R")/run-$mode.tgz" run; }
+  timeout 240 .gpu/bin/host --out-dir "$K" kernel-set ${KERNEL_SET_ARGS:-} > "$K/kernel-set.log" 2>&1 || { fail=1; note "KERNEL SET FAILED"; }
+  grep -vE "^wrote" "$K/kernel-set.log" | tee -a "$R/logs/summary.log"
   save
   if [ -f python/tests/test_kernels.py ]; then
     PYTHONPATH="$site" REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_kernels.py > "$K/python-kernel-tests.log" 2>&1 || { fail=1; note "PYTHON KERNEL TESTS FAILED"; }
