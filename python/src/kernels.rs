@@ -292,11 +292,14 @@ fn run<'py>(
                 .ok_or_else(|| Error::Internal("an operand's slot is missing".into()))?;
             op.enqueue(c, &views, scratch.view_mut())
         });
-        gpufeed::block_on(job)
+        gpufeed::block_on(job).map_err(Box::new)
     });
     let (error, slots) = match outcome {
         Ok(((slots, _), ())) => (None, Some(slots)),
-        Err(JobError { error, bundle }) => (Some(error), bundle.map(|(s, _)| s)),
+        Err(e) => {
+            let JobError { error, bundle } = *e;
+            (Some(error), bundle.map(|(s, _)| s))
+        }
     };
     match slots {
         Some(slots) => {
