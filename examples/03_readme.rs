@@ -53,6 +53,27 @@ async fn main() -> gpufeed::Result<()> {
     println!("the pipeline ran {} chunks", info.chunks);
     drop(input);
 
+    // README snippet
+    use gpufeed::kernels::{self, Gemm};
+    let (x, m) = (dev.len(), 64);                       // `dev`: x f32 on the device
+    let scratch = DeviceBuffer::<f32>::new(&device, kernels::reduce_scratch_len(x))?;
+    let words = DeviceBuffer::<u64>::new(&device, kernels::scan_scratch_len(x))?;
+    let outs = DeviceBuffer::<f32>::new(&device, 1 + x + m * m)?;
+    let ((dev, _, _, outs), ()) = stream
+        .run((dev, scratch, words, outs), move |c, (d, s, w, o)| {
+            let (d, o) = (d.view(), o.view_mut());
+            c.sum(d, s.view_mut(), o.range(..1)?)?;     // deterministic, two passes
+            c.inclusive_scan(d, o.range(1..1 + x)?, w.view_mut())?; // also u32, i32
+            let a = d.range(..m * m)?;
+            c.sgemm(Gemm::new(m, m, m), a, a, o.range(1 + x..)?) // C = A A, f32
+        })
+        .await?;
+    // end of snippet
+    let mut got = vec![0f32; 1 + x + m * m];
+    let mut outs = outs;
+    outs.copy_to_host_sync(&mut got)?;
+    check_kernels(&twice, m, &got)?;
+
     let mut dev = dev;
     let vec = data.clone();
     let mut out = vec![0f32; n];
@@ -102,6 +123,33 @@ async fn main() -> gpufeed::Result<()> {
     std::fs::remove_dir_all(&dir)?;
     println!("every README snippet ran and computed what it should");
     Ok(())
+}
+
+/// The kernels snippet's results: the sum and the scan within their
+/// documented bounds of an f64 loop's, the GEMM bit for bit a sequential
+/// `fma` loop's (its documented order).
+fn check_kernels(x: &[f32], m: usize, got: &[f32]) -> gpufeed::Result<()> {
+    let n = x.len();
+    let u = 1.0 / (1u64 << 24) as f64;
+    let (mut exact, mut abs) = (0f64, 0f64);
+    for (j, &v) in x.iter().enumerate() {
+        exact += v as f64;
+        abs += (v as f64).abs();
+        let bound = gpufeed::kernels::scan_depth(j) as f64 * u * abs;
+        if (got[1 + j] as f64 - exact).abs() > bound {
+            return check("the scan", &got[1 + j..2 + j], &[exact as f32]);
+        }
+    }
+    if (got[0] as f64 - exact).abs() > gpufeed::kernels::sum_depth(n) as f64 * u * abs {
+        return check("the sum", &got[..1], &[exact as f32]);
+    }
+    let mut c = vec![0f32; m * m];
+    for i in 0..m {
+        for j in 0..m {
+            c[i * m + j] = (0..m).fold(0f32, |acc, p| x[i * m + p].mul_add(x[p * m + j], acc));
+        }
+    }
+    check("the GEMM", &got[1 + n..], &c)
 }
 
 /// An error naming `what` unless `got` equals `want` bit for bit.

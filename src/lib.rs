@@ -12,6 +12,11 @@
 //! - Two backends behind one API ([`Device`]): the CUDA driver (loaded at
 //!   run time through cudarc) and a CPU emulation for machines without a GPU.
 //!
+//! - [`kernels`]: the block-level kernel set (sum and max, an inclusive
+//!   scan, a row softmax, a 256-bin histogram, SGEMM, a bf16 tensor-core
+//!   GEMM) as commands of a batch, bit-identical on the GPU and the CPU
+//!   emulation where the order is fixed.
+//!
 //! The kernels are Rust (`gpu-kernels`), compiled to PTX by `build.rs`; see [`ptx`].
 //!
 //! ```rust

@@ -58,7 +58,7 @@ fn every_library_snippet_of_the_readme_is_one_the_example_runs() {
         .collect();
     assert_eq!(
         library.len(),
-        4,
+        5,
         "README.md's library snippets: {library:#?}"
     );
     assert_eq!(

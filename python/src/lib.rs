@@ -27,6 +27,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod files;
 pub mod foreign;
+pub mod kernels;
 pub mod loader;
 pub mod ops;
 pub mod pipe;
@@ -135,6 +136,7 @@ fn gpufeed_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::staging_stats, m)?)?;
     m.add_function(wrap_pyfunction!(ops::foreign_stream_wait, m)?)?;
     weights::register(m)?;
+    kernels::submodule(m)?;
     m.add(
         "DTYPES",
         dtype::ALL.iter().map(|d| d.name()).collect::<Vec<_>>(),
