@@ -45,6 +45,13 @@
 #                                   machine's ptxas (sm_70 and sm_80 builds), the wheel's kernel
 #                                   tests, and bench/kernels.py (gpufeed against CUDA C++ of the
 #                                   same algorithms, PyTorch/cuBLAS and the device copy)
+#   bash bench/gpu-round.sh weights model weights: the weights tests (REQUIRE_GPU=1) and memcheck on
+#                                   them, the wheel's test_weights.py, python/bench/weights.py (a
+#                                   Llama-like bf16 checkpoint of several shards loaded warm and
+#                                   cold against safetensors, fastsafetensors and the Run:ai
+#                                   streamer; saved against torch.save, safetensors and
+#                                   torch.distributed.checkpoint.async_save). Their wheels come in
+#                                   .gpu/wheels/extra (EXTRA_WHEELS=... when bundling)
 #   bash bench/gpu-round.sh multi   the multi-device round (on nvidia-h200-x2 and up, or one
 #                                   GPU): how the GPUs are linked (nvidia-smi topo -m, nvlink
 #                                   status), the multi-device tests and memcheck on them,
@@ -124,6 +131,26 @@ if [ "$mode" = kernels ]; then
   PYTHONPATH="$site" timeout 420 python3 bench/kernels.py --out "$K/bench" ${KERNELS_ARGS:-} > "$K/bench.log" 2>&1 || { fail=1; note "KERNELS BENCHMARK FAILED"; }
   tail -40 "$K/bench.log" | tee -a "$R/logs/summary.log"
   save
+fi
+
+if [ "$mode" = weights ]; then
+  W="$R/weights"; mkdir -p "$W"
+  [ -f .gpu/tests.tar.xz ] && tar -C .gpu -xJf .gpu/tests.tar.xz
+  note "weights: tests (REQUIRE_GPU=1), memcheck, the wheel's weights tests, python/bench/weights.py"
+  scratch="$PWD/.weights-scratch"; mkdir -p "$scratch"
+  exe=$(ls .gpu/tests/weights-* 2>/dev/null | head -1)
+  if [ -n "$exe" ]; then
+    TMPDIR="$scratch" REQUIRE_GPU=1 timeout 120 "$exe" --include-ignored > "$W/weights_tests.log" 2>&1 || { fail=1; note "WEIGHTS TESTS FAILED"; }
+    grep -E "^test result|FAILED" "$W/weights_tests.log" | tee -a "$R/logs/summary.log"
+    TMPDIR="$scratch" san memcheck weights --leak-check full
+  else
+    fail=1; note "no weights test executable"
+  fi
+  PYTHONPATH="$site" REQUIRE_GPU=1 TMPDIR="$scratch" timeout 150 python3 -m pytest -q -rs -p no:cacheprovider --basetemp "$scratch/pytest" python/tests/test_weights.py > "$W/python-weights-tests.log" 2>&1 || { fail=1; note "PYTHON WEIGHTS TESTS FAILED"; }
+  tail -3 "$W/python-weights-tests.log" | tee -a "$R/logs/summary.log"
+  OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$site" timeout 330 python3 python/bench/weights.py --out "$W/weights.json" --dir "$scratch/bench" ${WEIGHTS_ARGS:---gb 4 --shards 5 --reps 3} > "$W/weights.log" 2>&1 || { fail=1; note "WEIGHTS BENCHMARK FAILED"; }
+  tail -40 "$W/weights.log" | tee -a "$R/logs/summary.log"
+  rm -rf "$scratch"
 fi
 
 if [ "$mode" = final ]; then
@@ -237,7 +264,7 @@ if [ "$mode" = loader ]; then
   tail -1 "$L/train.log" | tee -a "$R/logs/summary.log"
 fi
 
-if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != loader ] && [ "$mode" != measure ] && [ "$mode" != kernels ]; then
+if [ "$mode" != bench ] && [ "$mode" != parts ] && [ "$mode" != multi ] && [ "$mode" != staging ] && [ "$mode" != final ] && [ "$mode" != files ] && [ "$mode" != loader ] && [ "$mode" != measure ] && [ "$mode" != kernels ] && [ "$mode" != weights ]; then
 note "tests (REQUIRE_GPU=1)"
 OUT="$R/logs" bash .gpu/run-tests.sh > "$R/logs/tests-summary.log" 2>&1 || { fail=1; note "TESTS FAILED"; }
 tail -1 "$R/logs/tests-summary.log" | tee -a "$R/logs/summary.log"
