@@ -27,7 +27,7 @@ impl PinnedAllocator {
     /// `PinnedAllocator(device=None, max_cached_bytes=None)`.
     #[new]
     #[pyo3(signature = (device=None, max_cached_bytes=None))]
-    pub(super) fn new(
+    fn new(
         py: Python<'_>,
         device: Option<&Device>,
         max_cached_bytes: Option<usize>,
@@ -46,7 +46,7 @@ impl PinnedAllocator {
     /// A pinned buffer of `shape` and `dtype`. Contents are unspecified (a
     /// reused block keeps old data) unless `zero=True`.
     #[pyo3(signature = (shape, dtype=None, zero=false))]
-    pub(super) fn alloc(
+    fn alloc(
         &self,
         py: Python<'_>,
         shape: &Bound<'_, PyAny>,
@@ -70,20 +70,17 @@ impl PinnedAllocator {
     }
 
     /// Frees `buf` (back to the pool; refused while it has live views).
-    pub(super) fn free(&self, buf: &Bound<'_, PinnedBuffer>) -> PyResult<()> {
+    fn free(&self, buf: &Bound<'_, PinnedBuffer>) -> PyResult<()> {
         buf.get().free_inner(buf.py(), "freed by free()")
     }
 
     /// A NumPy array over `buf`'s pinned memory, no copy (see `PinnedBuffer.get_array`).
-    pub(super) fn get_array<'py>(
-        &self,
-        buf: &Bound<'py, PinnedBuffer>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn get_array<'py>(&self, buf: &Bound<'py, PinnedBuffer>) -> PyResult<Bound<'py, PyAny>> {
         PinnedBuffer::get_array(buf)
     }
 
     /// Pins `obj` in place on this allocator's device (see `gpufeed.pin`).
-    pub(super) fn pin(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<PinnedBuffer> {
+    fn pin(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<PinnedBuffer> {
         pin_on(py, obj, &self.device)
     }
 
@@ -127,7 +124,7 @@ impl PinnedAllocator {
 
     /// The allocator's device.
     #[getter]
-    pub(super) fn device(&self) -> Device {
+    fn device(&self) -> Device {
         Device {
             inner: self.device.clone(),
         }

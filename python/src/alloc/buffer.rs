@@ -296,7 +296,7 @@ impl PinnedView {
         Ok(d)
     }
 
-    pub(super) fn __repr__(&self) -> String {
+    fn __repr__(&self) -> String {
         format!(
             "<gpufeed.PinnedView shape={:?} {}>",
             self.shape, self.typestr

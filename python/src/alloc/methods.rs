@@ -20,7 +20,7 @@ impl PinnedBuffer {
 
     /// Frees the buffer now (back to the pool; a pinned-in-place array is
     /// unpinned). Refused while views are alive or an operation holds it.
-    pub(super) fn free(&self, py: Python<'_>) -> PyResult<()> {
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
         self.free_inner(py, "freed by free()")?;
         // Released: a buffer pinned in place no longer holds its object.
         let obj = self.origin.as_ref().and_then(|o| o.held().take());
@@ -30,7 +30,7 @@ impl PinnedBuffer {
 
     /// Unpins an array pinned in place and returns it (refused while views
     /// are alive or an operation holds it).
-    pub(super) fn unpin(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    fn unpin(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let Some(origin) = &self.origin else {
             return Err(PyTypeError::new_err(
                 "unpin() is for arrays pinned in place (gpufeed.pin); use free()",
@@ -45,25 +45,25 @@ impl PinnedBuffer {
 
     /// The shape.
     #[getter]
-    pub(super) fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         PyTuple::new(py, self.shape.iter())
     }
 
     /// The dtype's name.
     #[getter]
-    pub(super) fn dtype(&self) -> &'static str {
+    fn dtype(&self) -> &'static str {
         self.dtype.name()
     }
 
     /// Size in bytes.
     #[getter]
-    pub(super) fn nbytes(&self) -> usize {
+    fn nbytes(&self) -> usize {
         self.nbytes
     }
 
     /// Element count.
     #[getter]
-    pub(super) fn size(&self) -> usize {
+    fn size(&self) -> usize {
         self.len()
     }
 
@@ -73,19 +73,19 @@ impl PinnedBuffer {
 
     /// `"ready"`, `"in-flight"` or `"freed"`.
     #[getter]
-    pub(super) fn state(&self) -> &'static str {
+    fn state(&self) -> &'static str {
         self.state.name()
     }
 
     /// Live views (buffer-protocol exports: NumPy arrays, memoryviews, DLPack).
     #[getter]
-    pub(super) fn exports(&self) -> usize {
+    fn exports(&self) -> usize {
         self.exports.load(Ordering::SeqCst)
     }
 
     /// The device the memory is pinned for.
     #[getter]
-    pub(super) fn device(&self) -> Device {
+    fn device(&self) -> Device {
         Device {
             inner: self.device.clone(),
         }
@@ -102,13 +102,13 @@ impl PinnedBuffer {
     /// (the emulation's default policy then hands out unlocked memory), for
     /// allocated buffers and arrays pinned in place alike.
     #[getter]
-    pub(super) fn locked(&self) -> bool {
+    fn locked(&self) -> bool {
         self.locked
     }
 
     /// The address of the first byte (an integer).
     #[getter]
-    pub(super) fn ptr(&self, py: Python<'_>) -> PyResult<usize> {
+    fn ptr(&self, py: Python<'_>) -> PyResult<usize> {
         self.check_origin(py)?;
         Ok(self.state.lock().get_mut("the pinned buffer")?.ptr() as usize)
     }
@@ -153,7 +153,7 @@ impl PinnedBuffer {
     /// ignored (host memory; a ready buffer has no pending device work);
     /// `dl_device` may ask for `(1, 0)` or `(3, 0)`.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
-    pub(super) fn __dlpack__<'py>(
+    fn __dlpack__<'py>(
         slf: &Bound<'py, Self>,
         stream: Option<&Bound<'py, PyAny>>,
         max_version: Option<(u32, u32)>,
@@ -217,7 +217,7 @@ impl PinnedBuffer {
             .call((arr,), Some(&kwargs))
     }
 
-    pub(super) fn __repr__(&self) -> String {
+    fn __repr__(&self) -> String {
         format!(
             "<gpufeed.PinnedBuffer shape={:?} dtype={} {}{}>",
             self.shape,
