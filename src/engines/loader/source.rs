@@ -108,8 +108,9 @@ impl<'a> RowSource<'a> {
     /// The rows of a vector pinned in place, `row_len` values each: a
     /// loader on a device of the backend that registered it gathers its
     /// batches on the device, reading the rows where they are
-    /// ([`Gather::Device`]). The source holds the guard, and a loader keeps
-    /// it until its last gather is done.
+    /// ([`Gather::Device`](crate::engines::loader::Gather::Device)). The
+    /// source holds the guard, and a loader keeps it until its last gather
+    /// is done.
     ///
     /// # Errors
     /// As [`RowSource::new`].

@@ -28,8 +28,9 @@
 //! Consecutive runs on one pipeline are ordered on the GPU: every stream of a
 //! run first waits for the end of the previous run, so device scratch is never
 //! written by one run while another still reads it, whatever their layouts.
-//! A run is one [`Job`] owning the input, the output and the device buffers
-//! until the last stream is done, so dropping it early frees nothing in use.
+//! A run is one [`Job`](crate::runtime::stream::Job) owning the input, the
+//! output and the device buffers until the last stream is done, so dropping
+//! it early frees nothing in use.
 //!
 //! The module's files, by job: [`plan`] cuts a run into chunks and lays them
 //! over streams; [`timeline`] holds what a run reports; [`arrays`] the host

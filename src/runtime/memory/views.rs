@@ -32,8 +32,9 @@ use std::ops::{Bound, RangeBounds};
 pub struct HostSlice<'a, T> {
     pub(crate) ptr: *const T,
     pub(crate) len: usize,
-    /// The host-memory domain ([`Device::host_domain`]): any device of the
-    /// backend that pinned it may copy from it.
+    /// The host-memory domain
+    /// ([`Device::host_domain`](crate::runtime::device::Device::host_domain)):
+    /// any device of the backend that pinned it may copy from it.
     pub(crate) device_id: usize,
     pub(super) _p: PhantomData<&'a [T]>,
 }
