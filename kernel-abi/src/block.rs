@@ -66,12 +66,18 @@ pub fn reduce<T: Plain>(v: T, op: impl Fn(T, T) -> T + Copy) -> T {
         put(s, w as usize, r);
     }
     sync_threads();
-    if w == 0 {
-        let x = if lane < nw { take(s, lane as usize) } else { v };
-        let t = warp::reduce_to_lane0(x, nw, op);
-        if lane == 0 {
-            put(s, TOTAL, t);
-        }
+    // Every warp reduces the warps' results, with no branch around the
+    // shuffles: every lane loads a slot (lanes past the block's warps read
+    // slots their lane 0 never combines), then the same tree as warp 0's.
+    // A branch here (only warp 0, or only lanes < nw loading) lets LLVM
+    // duplicate the shuffles into the two paths, and shuffles the lanes of
+    // one warp execute at different instructions hang a GPU.
+    // Warp 0's result is the block's (a partial last warp lacks the lanes
+    // its tree would read): its lane 0 passes it on through shared memory.
+    let x: T = take(s, lane as usize);
+    let t = warp::reduce_to_lane0(x, nw, op);
+    if w == 0 && lane == 0 {
+        put(s, TOTAL, t);
     }
     sync_threads();
     take(s, TOTAL)
@@ -119,27 +125,27 @@ pub fn scan<T: Plain>(v: T, identity: T, op: impl Fn(T, T) -> T + Copy) -> Scan<
         put(s, w as usize, inc);
     }
     sync_threads();
-    if w == 0 {
-        let x = if lane < nw {
-            take(s, lane as usize)
-        } else {
-            identity
-        };
-        let incl = warp::inclusive_scan(x, op);
-        let before = warp::shfl_up(incl, 1);
-        if lane < nw {
-            put(
-                s,
-                32 + lane as usize,
-                if lane == 0 { identity } else { before },
-            );
-        }
-        if lane == nw - 1 {
-            put(s, TOTAL, incl);
-        }
+    // Every warp scans the warps' totals, with no branch around the
+    // shuffles (see `reduce`): a load in every lane, then a select.
+    // Warp 0's scan is the block's (a partial last warp lacks lanes): it
+    // passes the warps' prefixes and the total on through shared memory.
+    let loaded: T = take(s, lane as usize);
+    let x = if lane < nw { loaded } else { identity };
+    let incl = warp::inclusive_scan(x, op);
+    let before = warp::shfl_up(incl, 1);
+    if w == 0 && lane < nw {
+        put(
+            s,
+            32 + lane as usize,
+            if lane == 0 { identity } else { before },
+        );
+    }
+    if w == 0 && lane == nw - 1 {
+        put(s, TOTAL, incl);
     }
     sync_threads();
     let total = take(s, TOTAL);
+    let prefix: T = take(s, 32 + w as usize);
     if w == 0 {
         Scan {
             inclusive: inc,
@@ -147,7 +153,6 @@ pub fn scan<T: Plain>(v: T, identity: T, op: impl Fn(T, T) -> T + Copy) -> Scan<
             total,
         }
     } else {
-        let prefix: T = take(s, 32 + w as usize);
         Scan {
             inclusive: op(prefix, inc),
             exclusive: if lane == 0 { prefix } else { op(prefix, up) },
