@@ -19,6 +19,24 @@
 //!
 //! The kernels are Rust (`gpu-kernels`), compiled to PTX by `build.rs`; see [`ptx`].
 //!
+//! # Floors
+//! One folder a floor; a module uses its own floor and those below it,
+//! never one above, and never an item through this root (`.ci/imports.py`
+//! checks both). Lowest first:
+//! 1. `ptx`: the embedded PTX text;
+//! 2. `base/`: the completion core, `block_on`, the worker pool, claims,
+//!    fork detection, NUMA placement, the error type;
+//! 3. `backend/`: the one interface both backends implement, `cpu.rs`
+//!    (the emulation) and `cuda/` (the driver through cudarc);
+//! 4. `runtime/`: the safe types: device, memory, pool, streams, events,
+//!    jobs and their commands, modules and launches, backend choice;
+//! 5. `kernels/`: the block-level kernel set as commands of a job;
+//! 6. `io/`: `O_DIRECT` files and the GPUDirect Storage probe;
+//! 7. `interop`: memory and streams shared with other libraries;
+//! 8. `engines/`: staging, sliced copies, the pipeline, several devices,
+//!    the loader, model weights;
+//! 9. `guarantees` and `testing`: documents and test hooks.
+//!
 //! ```rust
 //! # fn main() -> gpufeed::Result<()> { gpufeed::block_on(async {
 //! use gpufeed::{Device, DeviceBuffer, Kernel, PinnedHost, PinnedPool, Stream};
@@ -44,8 +62,7 @@
 //! ```
 
 #![deny(missing_docs)]
-// The floors, lowest first: each uses only its own and those below it
-// (`.ci/imports.py` checks it, with no import through this root).
+// The floors: see the crate docs (alphabetical here, as rustfmt orders them).
 mod backend;
 mod base;
 mod engines;
