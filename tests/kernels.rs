@@ -349,7 +349,7 @@ gpufeed::backend_tests!(softmax_rows_within_bound);
 fn softmax_rows_within_bound(device: Device) {
     let mut rng = rng("softmax_rows");
     let twin = emulation_twin(&device);
-    // Warp rows (up to 512 columns), block rows of 256, 512 and 1024 threads,
+    // Warp rows (up to 512 columns), block rows of 256 and 512 threads,
     // rows longer than the registers hold, and about 1e6 elements.
     let shapes = [
         (0, 0),

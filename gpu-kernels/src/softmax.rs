@@ -8,15 +8,18 @@
 //! - `cols <= 512` (*warp rows*): blocks of 256 threads, a warp per row,
 //!   8 rows per block, `ceil(rows / 8)` blocks.
 //! - `cols > 512` (*block rows*): a block per row, `rows` blocks of 256
-//!   threads (`cols <= 4096`), 512 (`cols <= 8192`) or 1024 (longer rows).
+//!   threads (`cols <= 4096`) or 512 (longer rows). Not 1024: at the
+//!   kernel's 74-83 registers a thread, a block of 1024 threads needs more
+//!   registers than a multiprocessor has (65536), and the launch fails
+//!   (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`, seen on the H100).
 //!
 //! The row's group (the warp, or the block) reads the row once, in 16-byte
 //! chunks (`chunk q` = elements `4q .. 4q + 4`, the last one possibly
 //! partial): the group's thread `g` holds chunks `g, g + W, g + 2W, ...`
 //! (`W` the group's threads). The first [`SOFTMAX_CACHE`] = 4 of them stay
 //! in registers, from the load to the store (the row is read once and
-//! written once while `cols <= 16 W`: up to 512, 4096, 8192 and 16384
-//! columns in the four shapes); later
+//! written once while `cols <= 16 W`: up to 512, 4096 and 8192
+//! columns in the three shapes); later
 //! chunks, in rows longer than that, are read again for the sum and the
 //! output.
 //!
@@ -53,10 +56,8 @@ pub const SOFTMAX_BLOCK: u32 = 256;
 pub const fn softmax_block_threads(cols: usize) -> u32 {
     if cols <= 4096 {
         SOFTMAX_BLOCK
-    } else if cols <= 8192 {
-        512
     } else {
-        1024
+        512
     }
 }
 

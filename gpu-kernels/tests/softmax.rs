@@ -167,5 +167,6 @@ fn the_plan_uses_warps_for_short_rows_and_blocks_for_long_ones() {
     assert_eq!(softmax::softmax_launch(0, 513).grid.x, 1);
     assert_eq!(softmax::softmax_launch(4, 4096).block.x, 256);
     assert_eq!(softmax::softmax_launch(4, 8192).block.x, 512);
-    assert_eq!(softmax::softmax_launch(4, 8193).block.x, 1024);
+    assert_eq!(softmax::softmax_launch(4, 8193).block.x, 512);
+    assert_eq!(softmax::softmax_launch(4, 1 << 20).block.x, 512);
 }
