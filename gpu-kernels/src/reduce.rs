@@ -30,7 +30,7 @@
 //!
 //! # Error bounds
 //! `max` is exact (the maximum of the inputs; NaNs are ignored, as IEEE
-//! `maxNum`, unless every input is NaN; `n = 0` gives -inf). For `sum`,
+//! `maxNum`; `n = 0`, or every input NaN, gives -inf: the fold starts there). For `sum`,
 //! every input passes through at most [`ReducePlan::depth`] roundings, so
 //! `|sum - exact| <= depth * 2^-24 * sum(|x|)` (to first order; `sum(|x|)`
 //! and every partial sum below `f32::MAX`). For 1 GiB of `f32` (2^28
