@@ -2,12 +2,12 @@
 //! (device memory: our own, or a PyTorch/CuPy allocation wrapped in place).
 
 //!
-//! The module's files, by job: [`devices`] the `Device` objects (one per
-//! backend and ordinal) and the default device; [`parse`] shapes and
-//! dtypes given from Python; [`state`] the memory an array holds and the
-//! state it is in (ready, taken by an operation, freed); [`array`] the
-//! `DeviceArray` and its checks; [`methods`] its Python methods and
-//! exports; [`import`] foreign CUDA arrays wrapped in place.
+//! The module's files, by job: `devices` the `Device` objects (one per
+//! backend and ordinal) and the default device; `parse` shapes and
+//! dtypes given from Python; `state` the memory an array holds and the
+//! state it is in (ready, taken by an operation, freed); `array` the
+//! `DeviceArray` and its checks; `methods` its Python methods and
+//! exports; `import` foreign CUDA arrays wrapped in place.
 
 mod array;
 mod devices;

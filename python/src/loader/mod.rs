@@ -23,11 +23,11 @@
 //! for reuse, so a later batch never lands in memory a queued kernel still
 //! reads.
 //!
-//! The module's files, by job: [`fields`] the source read into fields (an
+//! The module's files, by job: `fields` the source read into fields (an
 //! array, `.npy` files, a safetensors file, a dict) and their row sources;
-//! [`setup`] the rank, device and framework a loader is made for;
-//! [`producer`] the thread that runs the epochs; [`handle`] the [`Loader`]
-//! and its iterator (batches received, converted, freed); [`methods`] the
+//! `setup` the rank, device and framework a loader is made for;
+//! `producer` the thread that runs the epochs; `handle` the [`Loader`]
+//! and its iterator (batches received, converted, freed); `methods` the
 //! Python methods of the `Loader`.
 
 mod fields;

@@ -24,7 +24,7 @@
 //! - `awaited_64_4_streams`: the window of `awaited_64`, its jobs spread
 //!   round robin over 4 streams (a variant: the rest use one stream).
 //! - `awaited_64_copy_batch`: one job whose batch is one
-//!   [`Commands::copy_batch`] of the 64 copies (one driver call,
+//!   [`Commands::copy_batch`](gpufeed::Commands::copy_batch) of the 64 copies (one driver call,
 //!   `cuMemcpyBatchAsync`), awaited; repeated.
 //! - `raw_1`: `cuMemcpyHtoDAsync` / `cuMemcpyDtoHAsync` then
 //!   `cuStreamSynchronize`, per copy (cudarc's `sys` layer, driver-allocated
@@ -41,11 +41,11 @@
 //! time inside the future); medians over rounds; GB/s = that median × bytes
 //! / 1e9.
 //!
-//! The module's files, by job: [`config`] what is measured (sizes, modes,
-//! directions); [`data`] the checked rounds' random data; [`ours`] the
-//! library's modes; [`raw_set`] the raw driver's; [`bench`] one size's
+//! The module's files, by job: `config` what is measured (sizes, modes,
+//! directions); `data` the checked rounds' random data; `ours` the
+//! library's modes; `raw_set` the raw driver's; `bench` one size's
 //! buffers and streams, a round and a checked round of any mode;
-//! [`measure`] every size and direction measured; [`results`] and [`print`]
+//! `measure` every size and direction measured; `results` and `print`
 //! what is kept and shown.
 
 mod bench;
