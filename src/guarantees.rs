@@ -142,7 +142,7 @@
 //! # Ok(()) }
 //! ```
 //! ```compile_fail,E0603
-//! let c = gpufeed::completion::Completion::new();
+//! let c = gpufeed::base::completion::Completion::new();
 //! ```
 //!
 //! # 7. A timeline point can't be awaited
