@@ -47,6 +47,7 @@
 pub use core::sync::atomic::Ordering;
 
 use crate::elem::Arith;
+use crate::load::slice_oob;
 use crate::shared::SharedArray;
 use crate::SliceMut;
 
@@ -134,19 +135,6 @@ impl sealed::Sealed for u32 {}
 impl sealed::Sealed for i32 {}
 impl sealed::Sealed for u64 {}
 impl sealed::Sealed for f32 {}
-
-/// An index past a slice's end in an atomic: a trap / a typed fault.
-#[cold]
-#[inline(never)]
-fn slice_oob(index: usize, len: usize) -> ! {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let _ = (index, len);
-        crate::thread::trap()
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    crate::emu::raise(crate::thread::FaultKind::SliceOutOfBounds { index, len })
-}
 
 macro_rules! atomic_methods {
     ($check:ident, $rmw:expr) => {

@@ -17,9 +17,11 @@
 use crate::elem::Plain;
 use crate::{Slice, SliceMut};
 
+/// An index past a slice's end: a trap on the GPU, the typed
+/// `SliceOutOfBounds` fault on the CPU emulation (loads, atomics, `cp.async`).
 #[cold]
 #[inline(never)]
-fn oob(index: usize, len: usize) -> ! {
+pub(crate) fn slice_oob(index: usize, len: usize) -> ! {
     #[cfg(target_arch = "nvptx64")]
     {
         let _ = (index, len);
@@ -29,9 +31,10 @@ fn oob(index: usize, len: usize) -> ! {
     crate::emu::raise(crate::thread::FaultKind::SliceOutOfBounds { index, len })
 }
 
+/// A vector access off its alignment: a trap / the typed `Misaligned` fault.
 #[cold]
 #[inline(never)]
-fn misaligned() -> ! {
+pub(crate) fn misaligned() -> ! {
     #[cfg(target_arch = "nvptx64")]
     crate::thread::trap();
     #[cfg(not(target_arch = "nvptx64"))]
@@ -70,7 +73,7 @@ impl<T: Plain> Slice<T> {
     #[inline(always)]
     fn check(&self, i: usize) {
         if i >= self.len() {
-            oob(i, self.len())
+            slice_oob(i, self.len())
         }
     }
 
@@ -143,7 +146,7 @@ impl<T: Plain> Slice<T> {
     #[inline(always)]
     pub fn load4_nc(&self, i: usize) -> [T; 4] {
         if i >= self.len() || self.len() - i < 4 {
-            oob(i, self.len())
+            slice_oob(i, self.len())
         }
         if T::BYTES != 4 || !(self.as_ptr() as usize + i * T::BYTES).is_multiple_of(16) {
             misaligned()
@@ -188,7 +191,7 @@ impl<T: Plain> SliceMut<T> {
     #[inline(always)]
     pub unsafe fn store_cs(&self, i: usize, v: T) {
         if i >= self.len() {
-            oob(i, self.len())
+            slice_oob(i, self.len())
         }
         // SAFETY: i < len; the caller's contract.
         let p = unsafe { self.as_mut_ptr().add(i) };

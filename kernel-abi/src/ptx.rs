@@ -26,6 +26,7 @@
 //! instruction for the CPU emulation.
 
 use crate::elem::Plain;
+use crate::load::{misaligned, slice_oob};
 use crate::shared::SharedArray;
 use crate::Slice;
 
@@ -61,27 +62,6 @@ fn dst_aligned<T: Plain>(dst: &SharedArray<T>, i: usize) -> bool {
     {
         dst.position(i).is_multiple_of(16 / T::BYTES)
     }
-}
-
-#[cold]
-#[inline(never)]
-fn slice_oob(index: usize, len: usize) -> ! {
-    #[cfg(target_arch = "nvptx64")]
-    {
-        let _ = (index, len);
-        crate::thread::trap()
-    }
-    #[cfg(not(target_arch = "nvptx64"))]
-    crate::emu::raise(crate::thread::FaultKind::SliceOutOfBounds { index, len })
-}
-
-#[cold]
-#[inline(never)]
-fn misaligned() -> ! {
-    #[cfg(target_arch = "nvptx64")]
-    crate::thread::trap();
-    #[cfg(not(target_arch = "nvptx64"))]
-    crate::emu::raise(crate::thread::FaultKind::Misaligned)
 }
 
 /// [`cp_async16`], unchecked.
